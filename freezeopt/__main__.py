@@ -1,0 +1,5 @@
+"""`python -m freezeopt` runs the command-line interface."""
+
+from freezeopt.cli import main
+
+main()

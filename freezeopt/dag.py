@@ -1,0 +1,176 @@
+"""The pipeline schedule as a DAG (networkx), and the checks that make it trustworthy.
+
+One node per compute action. Edges say what must finish before an action may start:
+
+* program order: consecutive actions on the same rank (a rank runs one action at a time);
+* activations: `F(s, m) → F(s+1, m)`;
+* gradients: the input-gradient action of stage s+1 (its `B`, or its `I` in split schedules)
+  precedes that of stage s, and the last stage's forward precedes its own backward;
+* local dependencies: `F(s, m)` precedes the backward of `(s, m)`, and `I(s, m) → W(s, m)`.
+
+Cross-rank edges carry the profile's point-to-point lag. Only `B` and `W` actions hold
+weight-gradient work, so only they are freezable; each carries its stage's per-group costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+
+from freezeopt.actions import Action, parse_action
+from freezeopt.errors import InputError
+from freezeopt.profile_file import Profile
+
+__all__ = ["PipelineDag", "build_dag"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineDag:
+    """A checked pipeline DAG with everything the simulator and solver need."""
+
+    graph: nx.DiGraph
+    """Nodes are `Action`s; edges carry `lag` (ms)."""
+    order: tuple[Action, ...]
+    """A topological order of all actions (deterministic)."""
+    rank_of: Mapping[Action, int]
+    """The rank that runs each action."""
+    rank_actions: tuple[tuple[Action, ...], ...]
+    """Per rank, its actions in program order."""
+    cost: Mapping[Action, float]
+    """Duration of each action with nothing frozen (ms)."""
+    group_names: tuple[tuple[str, ...], ...]
+    """Per stage, its parameter group names."""
+    group_cost: tuple[tuple[float, ...], ...]
+    """Per stage, per group: weight-gradient ms saved when the group is frozen in one backward."""
+    n_microbatches: int
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.group_names)
+
+    def freezable(self) -> tuple[Action, ...]:
+        """Actions that hold weight-gradient work of at least one group with positive cost, in order."""
+        return tuple(a for a in self.order if a.has_weight_grad and any(c > 0 for c in self.group_cost[a.stage]))
+
+    def durations(self, frozen: Mapping[tuple[Action, int], float] | None = None) -> dict[Action, float]:
+        """Action durations when group `g` of action `a` is frozen to the extent `frozen[(a, g)]` (0..1)."""
+        d = dict(self.cost)
+        for (a, g), x in (frozen or {}).items():
+            if x:
+                d[a] = max(0.0, d[a] - self.group_cost[a.stage][g] * x)
+        return d
+
+    def all_frozen(self) -> dict[tuple[Action, int], float]:
+        """Every freezable group frozen in every backward: the floor on step time."""
+        return {(a, g): 1.0 for a in self.freezable() for g, c in enumerate(self.group_cost[a.stage]) if c > 0}
+
+
+def build_dag(profile: Profile) -> PipelineDag:
+    """Build and check the DAG of a profile; raise InputError naming what is inconsistent."""
+    pipe = profile.pipeline
+    n_st, n_mb = pipe.n_stages, pipe.n_microbatches
+    if len(profile.stages) != n_st or [s.stage for s in profile.stages] != list(range(n_st)):
+        raise InputError(f"profile lists stages {[s.stage for s in profile.stages]}; expected 0..{n_st - 1} in order")
+    if [r.rank for r in profile.ranks] != list(range(pipe.world_size)):
+        raise InputError(f"profile lists ranks {[r.rank for r in profile.ranks]}; expected 0..{pipe.world_size - 1} in order")
+
+    rank_of: dict[Action, int] = {}
+    rank_actions: list[tuple[Action, ...]] = []
+    stage_rank: dict[int, int] = {}
+    for rp in profile.ranks:
+        acts = tuple(parse_action(s) for s in rp.actions)
+        for a in acts:
+            if a in rank_of:
+                raise InputError(f"action {a} appears twice (ranks {rank_of[a]} and {rp.rank}); each action runs once")
+            if not (0 <= a.stage < n_st and 0 <= a.microbatch < n_mb):
+                raise InputError(f"action {a} on rank {rp.rank} is outside {n_st} stages × {n_mb} microbatches")
+            if stage_rank.setdefault(a.stage, rp.rank) != rp.rank:
+                raise InputError(f"stage {a.stage} runs on ranks {stage_rank[a.stage]} and {rp.rank}; a stage lives on one rank")
+            rank_of[a] = rp.rank
+        rank_actions.append(acts)
+    for st in profile.stages:
+        if stage_rank.get(st.stage, st.rank) != st.rank:
+            raise InputError(f"stage {st.stage} is declared on rank {st.rank} but its actions run on rank {stage_rank[st.stage]}")
+
+    _check_complete(rank_of, n_st, n_mb)
+
+    cost: dict[Action, float] = {}
+    for ac in profile.actions:
+        a = parse_action(ac.action)
+        if a not in rank_of:
+            raise InputError(f"profile has a cost for {a}, which no rank runs")
+        cost[a] = ac.cost_ms.median
+    missing = [str(a) for a in rank_of if a not in cost]
+    if missing:
+        raise InputError(f"profile has no cost for {len(missing)} action(s), e.g. {', '.join(sorted(missing)[:3])}")
+
+    group_names = tuple(tuple(g.name for g in st.groups) for st in profile.stages)
+    group_cost = tuple(tuple(g.weight_grad_ms.median for g in st.groups) for st in profile.stages)
+    for s, names in enumerate(group_names):
+        if len(set(names)) != len(names):
+            raise InputError(f"stage {s} has duplicate group names; group names must be unique per stage")
+        total = sum(group_cost[s])
+        for a in (a for a in rank_of if a.stage == s and a.has_weight_grad):
+            if total > cost[a] * (1 + 1e-6) + 1e-9:
+                raise InputError(
+                    f"stage {s}: group weight-gradient costs sum to {total:.4g} ms, more than action {a} takes "
+                    f"({cost[a]:.4g} ms); re-measure the profile"
+                )
+
+    lag = {(lg.src_stage, lg.dst_stage, lg.kind): lg.ms.median for lg in profile.lags}
+    g = nx.DiGraph()
+    g.add_nodes_from(rank_of)
+
+    def edge(u: Action, v: Action, kind: str) -> None:
+        cross = rank_of[u] != rank_of[v]
+        g.add_edge(u, v, lag=lag.get((u.stage, v.stage, kind), 0.0) if cross else 0.0)
+
+    for acts in rank_actions:
+        for u, v in zip(acts, acts[1:], strict=False):
+            g.add_edge(u, v, lag=0.0)
+    for m in range(n_mb):
+        for s in range(n_st):
+            f = Action(s, "F", m)
+            bin_ = _input_grad_action(rank_of, s, m)
+            if s + 1 < n_st:
+                edge(f, Action(s + 1, "F", m), "F")
+                edge(_input_grad_action(rank_of, s + 1, m), bin_, "B")
+            edge(f, bin_, "F")
+            if bin_.kind == "I":
+                edge(bin_, Action(s, "W", m), "B")
+
+    if not nx.is_directed_acyclic_graph(g):
+        cycle = nx.find_cycle(g)
+        path = " → ".join(str(u) for u, _ in cycle) + f" → {cycle[-1][1]}"
+        raise InputError(f"the schedule deadlocks: cycle {path}; fix the action order of the ranks involved")
+    order = tuple(nx.lexicographical_topological_sort(g, key=lambda a: (a.microbatch, a.stage, a.kind)))
+    return PipelineDag(
+        graph=g,
+        order=order,
+        rank_of=rank_of,
+        rank_actions=tuple(rank_actions),
+        cost=cost,
+        group_names=group_names,
+        group_cost=group_cost,
+        n_microbatches=n_mb,
+    )
+
+
+def _input_grad_action(rank_of: Mapping[Action, int], s: int, m: int) -> Action:
+    b = Action(s, "B", m)
+    return b if b in rank_of else Action(s, "I", m)
+
+
+def _check_complete(rank_of: Mapping[Action, int], n_st: int, n_mb: int) -> None:
+    for s in range(n_st):
+        for m in range(n_mb):
+            has = {k for k in "FBIW" if Action(s, k, m) in rank_of}  # type: ignore[arg-type]
+            if "F" not in has:
+                raise InputError(f"no rank runs {s}F{m}; every stage needs a forward for every microbatch")
+            if has - {"F"} not in ({"B"}, {"I", "W"}):
+                found = ", ".join(f"{s}{k}{m}" for k in sorted(has - {"F"})) or "none"
+                raise InputError(
+                    f"stage {s} microbatch {m} needs one backward: either {s}B{m}, or {s}I{m} and {s}W{m} (found: {found})"
+                )

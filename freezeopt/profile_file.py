@@ -1,0 +1,307 @@
+"""The profile file (version 1): everything `freezeopt solve` needs, measured or synthesised.
+
+A profile describes one pipelined training job: which actions each rank runs and in what order,
+how long each takes, what each stage's parameter groups cost in weight-gradient time, the
+point-to-point lags between stages, and the gradient traces that sensitivities come from. It is
+JSON, written deterministically, and validated on load against the dataclasses below (pydantic at
+the file boundary only; the rest of freezeopt sees plain frozen dataclasses). `docs/profile.md`
+describes every field; `schema/profile.v1.json` is generated from these classes.
+
+Times are milliseconds. `cost` of an action is its compute time (thread CPU time on CPU, CUDA
+events on GPU); the weight-gradient cost of a group is the time its gradient takes inside one
+backward of one microbatch, the time saved when it is frozen there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+
+from freezeopt.errors import InputError
+
+__all__ = [
+    "PROFILE_VERSION",
+    "ActionCost",
+    "GradientTrace",
+    "GroupProfile",
+    "Lag",
+    "Pipeline",
+    "Profile",
+    "Provenance",
+    "RankProfile",
+    "StageProfile",
+    "Stat",
+    "dump_profile",
+    "load_profile",
+    "profile_json_schema",
+    "profile_sha256",
+    "save_profile",
+]
+
+PROFILE_VERSION = 1
+_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
+NonNeg = Annotated[float, Field(ge=0)]
+Count = Annotated[int, Field(ge=0)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stat:
+    """Statistics of one measured quantity over the measured steps (milliseconds)."""
+
+    __pydantic_config__ = _CONFIG
+    median: NonNeg
+    """Median over the samples; what the solver uses."""
+    p10: NonNeg
+    """10th percentile."""
+    p90: NonNeg
+    """90th percentile."""
+    n: Count
+    """Number of samples."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupProfile:
+    """One parameter group of a stage: the unit freezeopt freezes."""
+
+    __pydantic_config__ = _CONFIG
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    """Group name, unique within its stage (e.g. `blocks.3`)."""
+    params: tuple[str, ...]
+    """Names of the parameters in the group."""
+    numel: Count
+    """Number of scalar parameters."""
+    weight_grad_ms: Stat
+    """Weight-gradient cost of this group in one backward of one microbatch: the time freezing saves."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageProfile:
+    """One pipeline stage (a model chunk) and its parameter groups."""
+
+    __pydantic_config__ = _CONFIG
+    stage: Count
+    """Stage index, 0 is the first stage."""
+    rank: Count
+    """The rank that runs this stage."""
+    groups: tuple[GroupProfile, ...]
+    """Its parameter groups, in model order."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionCost:
+    """Measured duration of one action, e.g. `0F3`, over the measured steps."""
+
+    __pydantic_config__ = _CONFIG
+    action: Annotated[str, Field(pattern=r"^\d+[FBIW]\d+$")]
+    """The action in torch's notation: stage, kind (F, B, I, W), microbatch."""
+    cost_ms: Stat
+    """Compute time of the action with nothing frozen."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankProfile:
+    """What one rank ran."""
+
+    __pydantic_config__ = _CONFIG
+    rank: Count
+    """Rank index."""
+    actions: tuple[Annotated[str, Field(pattern=r"^\d+[FBIW]\d+$")], ...]
+    """Compute actions in the order the rank executed them."""
+    optimizer_ms: Stat | None = None
+    """Optimizer-step time on this rank, where measured."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lag:
+    """Point-to-point transfer time between two stages on different ranks."""
+
+    __pydantic_config__ = _CONFIG
+    src_stage: Count
+    """Sending stage."""
+    dst_stage: Count
+    """Receiving stage."""
+    kind: Literal["F", "B"]
+    """`F`: activations (forward); `B`: input gradients (backward)."""
+    ms: Stat
+    """Transfer time."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradientTrace:
+    """Gradient norms of one parameter group, per measured step, for sensitivity estimates."""
+
+    __pydantic_config__ = _CONFIG
+    stage: Count
+    """Stage of the group."""
+    group: str
+    """Group name."""
+    microbatch_sq_norms: tuple[tuple[NonNeg, ...], ...]
+    """Per step, per microbatch: squared L2 norm of the group's gradient of that microbatch's mean loss."""
+    step_sq_norms: tuple[NonNeg, ...]
+    """Per step: squared L2 norm of the group's gradient of the step's mean loss (all microbatches)."""
+    effective_perturbation: tuple[NonNeg, ...] = ()
+    """Per step: APF's |EMA(Δ)|/EMA(|Δ|) of the group's updates (0 = oscillating/converged, 1 = drifting)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pipeline:
+    """The pipeline the profile describes."""
+
+    __pydantic_config__ = _CONFIG
+    schedule: Annotated[str, Field(min_length=1)]
+    """torch schedule name (e.g. `1F1B`, `ZBVZeroBubble`) or `csv:<file name>` for a custom order."""
+    world_size: Annotated[int, Field(ge=1)]
+    """Number of pipeline ranks."""
+    n_stages: Annotated[int, Field(ge=1)]
+    """Number of stages (model chunks) over all ranks."""
+    n_microbatches: Annotated[int, Field(ge=1)]
+    """Microbatches per optimizer step."""
+    microbatch_size: Annotated[int, Field(ge=1)] = 1
+    """Samples per microbatch."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Provenance:
+    """Where the profile came from."""
+
+    __pydantic_config__ = _CONFIG
+    source: Literal["synth", "measured"]
+    """`measured` for a real run, `synth` for `freezeopt synth`."""
+    freezeopt: str
+    """freezeopt version that wrote it."""
+    python: str
+    """Python version."""
+    torch: str | None = None
+    """torch version, where torch was used."""
+    device: str = "none"
+    """Device kind of the measurement, e.g. `cpu`, `cuda:NVIDIA H200`, or `none` for synth."""
+    job: dict[str, Any] | None = None
+    """The job spec (or synth options) as given."""
+    job_sha256: str | None = None
+    """sha256 of the canonical JSON of `job`."""
+    seed: int | None = None
+    """Random seed."""
+    steps_measured: Count = 0
+    """Optimizer steps the statistics cover."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    """A whole profile file."""
+
+    __pydantic_config__ = _CONFIG
+    schema_version: Literal[1]
+    """File format version; always first."""
+    provenance: Provenance
+    pipeline: Pipeline
+    ranks: tuple[RankProfile, ...]
+    """Per rank, the executed action order."""
+    actions: tuple[ActionCost, ...]
+    """Per action, its measured cost."""
+    stages: tuple[StageProfile, ...]
+    """Per stage, its rank and parameter groups."""
+    lags: tuple[Lag, ...] = ()
+    """Measured point-to-point lags; pairs not listed count as 0."""
+    gradients: tuple[GradientTrace, ...] = ()
+    """Gradient traces per group; empty means sensitivities fall back to parameter counts."""
+    loss: tuple[float, ...] = ()
+    """Training loss per measured step."""
+    val_loss: tuple[float, ...] = ()
+    """Validation loss, where measured."""
+    step_ms: Stat | None = None
+    """Measured wall time of one optimizer step, where measured."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form extras (e.g. the profiler's self-check); ignored by `solve`."""
+
+    def stage_groups(self, stage: int) -> tuple[GroupProfile, ...]:
+        """The parameter groups of `stage`."""
+        return self.stages[stage].groups
+
+
+_ADAPTER: TypeAdapter[Profile] = TypeAdapter(Profile)
+
+
+def _round(x: Any, digits: int = 6) -> Any:
+    """Round floats to `digits` significant digits so files diff cleanly."""
+    if isinstance(x, float):
+        return 0.0 if x == 0 else float(f"{x:.{digits}g}")
+    if isinstance(x, dict):
+        return {k: _round(v, digits) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_round(v, digits) for v in x]
+    return x
+
+
+def dump_profile(profile: Profile) -> str:
+    """Serialise a profile to deterministic JSON text (same profile → same bytes)."""
+    data = _round(asdict(profile))
+    return json.dumps(data, indent=1, ensure_ascii=True, allow_nan=False) + "\n"
+
+
+def profile_sha256(profile: Profile) -> str:
+    """Content hash of a profile: sha256 of its canonical JSON."""
+    return hashlib.sha256(dump_profile(profile).encode()).hexdigest()
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    """Write a profile atomically."""
+    from freezeopt.fileio import atomic_write_text
+
+    atomic_write_text(Path(path), dump_profile(profile))
+
+
+def parse_profile(data: Any, *, source: str = "profile") -> Profile:
+    """Validate already-decoded JSON data as a profile; raise InputError with one clear line."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: not a freezeopt profile (expected a JSON object)")
+    version = data.get("schema_version")
+    if version != PROFILE_VERSION:
+        raise InputError(
+            f"{source}: profile schema_version {version!r} is not supported; this freezeopt reads "
+            f"version {PROFILE_VERSION} (re-run `freezeopt profile` or `freezeopt synth`)"
+        )
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise InputError(f"{source}: invalid profile at {where}: {err['msg']}") from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise InputError(f"profile {p} not found; create one with `freezeopt profile` or `freezeopt synth`") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read profile {p}: {e}") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError) as e:
+        raise InputError(f"{p}: not valid JSON ({e})") from None
+    return parse_profile(data, source=str(p))
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not allowed")
+
+
+def profile_json_schema() -> dict[str, Any]:
+    """JSON Schema of profile files, generated from the dataclasses."""
+    schema = _ADAPTER.json_schema()
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    schema["title"] = "freezeopt profile, version 1"
+    return schema
+
+
+def finite(x: float) -> bool:
+    """True for finite floats."""
+    return math.isfinite(x)

@@ -1,0 +1,120 @@
+"""What freezing a parameter group costs in gradient signal, estimated from profiled gradient traces.
+
+The solver needs, for every (stage, group), the share of one step's expected progress that is
+lost when the group is frozen in k of the step's M microbatches. Four estimators:
+
+* `gns` (default): the gradient noise scale of McCandlish et al. (2018). From the mean squared
+  norm of per-microbatch gradients (batch b) and the squared norm of the step's mean gradient
+  (batch M·b), unbiased estimates of the true-gradient norm |G|² and the noise tr(Σ) follow:
+      |G|² ≈ (Mb·|g_Mb|² − b·|g_b|²) / (Mb − b),   tr(Σ) ≈ (|g_b|² − |g_Mb|²) / (1/b − 1/(Mb)).
+  One step with n samples makes progress ∝ |G|² · n / (n + B) with B = tr(Σ)/|G|². Freezing the
+  group in k microbatches leaves n = (M−k)·b (the runtime rescales the rest to stay unbiased),
+  so the loss is P(Mb) − P((M−k)b): convex in k, zero at k = 0, all of P(Mb) at k = M. A noisy
+  group (large B) loses little when a few microbatches are dropped; a clean one loses a lot.
+  Estimates average numerator and denominator over steps (ratio of means) and clamp |G|² to a
+  small positive floor where noise swamps it.
+* `norm`: linear, each group's share of the step gradient's squared norm, per microbatch.
+* `numel`: linear, each group's share of the parameters.
+* `flat`: linear, every group weighs the same (with one group per stage and a per-stage cap this
+  makes the LP TimelyFreeze's).
+
+Losses are normalised so that all groups together hold 1.0: the budget ε then reads "lose at
+most ε of one step's expected progress".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from freezeopt.errors import InputError
+from freezeopt.profile_file import Profile
+
+__all__ = ["ESTIMATORS", "Estimator", "GroupSignal", "estimate_signal"]
+
+Estimator = Literal["gns", "norm", "numel", "flat"]
+ESTIMATORS: tuple[Estimator, ...] = ("gns", "norm", "numel", "flat")
+_FLOOR = 1e-9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupSignal:
+    """The signal model of one parameter group."""
+
+    stage: int
+    group: str
+    share: float
+    """Share of one step's expected progress this group carries (all groups sum to 1)."""
+    loss: tuple[float, ...]
+    """loss[k]: share of the step's progress lost when frozen in k of M microbatches (convex, loss[0] = 0)."""
+    grad_sq: float | None = None
+    """`gns` only: estimated true-gradient squared norm |G|²."""
+    noise_scale: float | None = None
+    """`gns` only: estimated noise scale B = tr(Σ)/|G|², in samples."""
+
+
+def estimate_signal(profile: Profile, estimator: Estimator = "gns") -> tuple[tuple[GroupSignal, ...], ...]:
+    """Per stage, per group (in profile order), the signal model under `estimator`."""
+    if estimator not in ESTIMATORS:
+        raise InputError(f"unknown sensitivity estimator {estimator!r}; use one of {', '.join(ESTIMATORS)}")
+    m = profile.pipeline.n_microbatches
+    keys = [(st.stage, g.name) for st in profile.stages for g in st.groups]
+    traces = {(t.stage, t.group): t for t in profile.gradients}
+    if estimator in ("gns", "norm"):
+        missing = [k for k in keys if k not in traces or not traces[k].step_sq_norms]
+        if missing:
+            s, g = missing[0]
+            raise InputError(
+                f"sensitivity {estimator!r} needs gradient traces, but the profile has none for stage {s} group "
+                f"{g!r}; re-profile, or pass --sensitivity numel"
+            )
+    if estimator == "gns" and m < 2:
+        raise InputError("sensitivity 'gns' needs at least 2 microbatches per step; pass --sensitivity norm")
+
+    raw: dict[tuple[int, str], tuple[float, float | None, float | None]] = {}
+    b = float(profile.pipeline.microbatch_size)
+    for st in profile.stages:
+        for g in st.groups:
+            k = (st.stage, g.name)
+            if estimator == "flat":
+                raw[k] = (1.0, None, None)
+            elif estimator == "numel":
+                raw[k] = (float(g.numel), None, None)
+            elif estimator == "norm":
+                t = traces[k]
+                raw[k] = (sum(t.step_sq_norms) / len(t.step_sq_norms), None, None)
+            else:
+                g2, noise = _gns(traces[k].microbatch_sq_norms, traces[k].step_sq_norms, b, m)
+                raw[k] = (g2 * m * b / (m * b + noise), g2, noise / g2)
+    total = sum(max(v[0], 0.0) for v in raw.values())
+    out = []
+    for st in profile.stages:
+        row = []
+        for g in st.groups:
+            p, g2, bnoise = raw[(st.stage, g.name)]
+            share = max(p / total if total > 0 else 1.0 / len(keys), _FLOOR)
+            if estimator == "gns":
+                assert g2 is not None and bnoise is not None
+                scale = share / (m * b / (m * b + bnoise))  # |G|² in normalised units
+                loss = tuple(share - scale * (m - k) * b / ((m - k) * b + bnoise) for k in range(m + 1))
+                loss = (0.0, *loss[1:-1], share)
+            else:
+                loss = tuple(share * k / m for k in range(m + 1))
+            row.append(GroupSignal(stage=st.stage, group=g.name, share=share, loss=loss, grad_sq=g2, noise_scale=bnoise))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def _gns(mb_sq: tuple[tuple[float, ...], ...], step_sq: tuple[float, ...], b: float, m: int) -> tuple[float, float]:
+    """Return (|G|², tr Σ) estimated from per-microbatch and per-step squared norms (ratio of means)."""
+    small = [sum(row) / len(row) for row in mb_sq if row]
+    if not small:
+        raise InputError("gradient trace has no per-microbatch norms; re-profile, or pass --sensitivity norm")
+    s_small = sum(small) / len(small)
+    s_big = sum(step_sq) / len(step_sq)
+    big_b = m * b
+    g2 = (big_b * s_big - b * s_small) / (big_b - b)
+    noise = (s_small - s_big) / (1.0 / b - 1.0 / big_b)
+    noise = max(noise, 0.0)
+    g2 = max(g2, 1e-3 * max(s_big, 1e-30))
+    return g2, noise
