@@ -14,6 +14,7 @@ weight-gradient work, so only they are freezable; each carries its stage's per-g
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -52,9 +53,15 @@ class PipelineDag:
 
     def freezable(self) -> tuple[Action, ...]:
         """Actions that hold weight-gradient work of at least one group with positive cost, in order."""
-        return tuple(a for a in self.order if a.has_weight_grad and any(c > 0 for c in self.group_cost[a.stage]))
+        return tuple(
+            a
+            for a in self.order
+            if a.has_weight_grad and any(c > 0 for c in self.group_cost[a.stage])
+        )
 
-    def durations(self, frozen: Mapping[tuple[Action, int], float] | None = None) -> dict[Action, float]:
+    def durations(
+        self, frozen: Mapping[tuple[Action, int], float] | None = None
+    ) -> dict[Action, float]:
         """Action durations when group `g` of action `a` is frozen to the extent `frozen[(a, g)]` (0..1)."""
         d = dict(self.cost)
         for (a, g), x in (frozen or {}).items():
@@ -64,7 +71,12 @@ class PipelineDag:
 
     def all_frozen(self) -> dict[tuple[Action, int], float]:
         """Every freezable group frozen in every backward: the floor on step time."""
-        return {(a, g): 1.0 for a in self.freezable() for g, c in enumerate(self.group_cost[a.stage]) if c > 0}
+        return {
+            (a, g): 1.0
+            for a in self.freezable()
+            for g, c in enumerate(self.group_cost[a.stage])
+            if c > 0
+        }
 
 
 def build_dag(profile: Profile) -> PipelineDag:
@@ -72,9 +84,13 @@ def build_dag(profile: Profile) -> PipelineDag:
     pipe = profile.pipeline
     n_st, n_mb = pipe.n_stages, pipe.n_microbatches
     if len(profile.stages) != n_st or [s.stage for s in profile.stages] != list(range(n_st)):
-        raise InputError(f"profile lists stages {[s.stage for s in profile.stages]}; expected 0..{n_st - 1} in order")
+        raise InputError(
+            f"profile lists stages {[s.stage for s in profile.stages]}; expected 0..{n_st - 1} in order"
+        )
     if [r.rank for r in profile.ranks] != list(range(pipe.world_size)):
-        raise InputError(f"profile lists ranks {[r.rank for r in profile.ranks]}; expected 0..{pipe.world_size - 1} in order")
+        raise InputError(
+            f"profile lists ranks {[r.rank for r in profile.ranks]}; expected 0..{pipe.world_size - 1} in order"
+        )
 
     rank_of: dict[Action, int] = {}
     rank_actions: list[tuple[Action, ...]] = []
@@ -83,16 +99,24 @@ def build_dag(profile: Profile) -> PipelineDag:
         acts = tuple(parse_action(s) for s in rp.actions)
         for a in acts:
             if a in rank_of:
-                raise InputError(f"action {a} appears twice (ranks {rank_of[a]} and {rp.rank}); each action runs once")
+                raise InputError(
+                    f"action {a} appears twice (ranks {rank_of[a]} and {rp.rank}); each action runs once"
+                )
             if not (0 <= a.stage < n_st and 0 <= a.microbatch < n_mb):
-                raise InputError(f"action {a} on rank {rp.rank} is outside {n_st} stages × {n_mb} microbatches")
+                raise InputError(
+                    f"action {a} on rank {rp.rank} is outside {n_st} stages × {n_mb} microbatches"
+                )
             if stage_rank.setdefault(a.stage, rp.rank) != rp.rank:
-                raise InputError(f"stage {a.stage} runs on ranks {stage_rank[a.stage]} and {rp.rank}; a stage lives on one rank")
+                raise InputError(
+                    f"stage {a.stage} runs on ranks {stage_rank[a.stage]} and {rp.rank}; a stage lives on one rank"
+                )
             rank_of[a] = rp.rank
         rank_actions.append(acts)
     for st in profile.stages:
         if stage_rank.get(st.stage, st.rank) != st.rank:
-            raise InputError(f"stage {st.stage} is declared on rank {st.rank} but its actions run on rank {stage_rank[st.stage]}")
+            raise InputError(
+                f"stage {st.stage} is declared on rank {st.rank} but its actions run on rank {stage_rank[st.stage]}"
+            )
 
     _check_complete(rank_of, n_st, n_mb)
 
@@ -104,13 +128,17 @@ def build_dag(profile: Profile) -> PipelineDag:
         cost[a] = ac.cost_ms.median
     missing = [str(a) for a in rank_of if a not in cost]
     if missing:
-        raise InputError(f"profile has no cost for {len(missing)} action(s), e.g. {', '.join(sorted(missing)[:3])}")
+        raise InputError(
+            f"profile has no cost for {len(missing)} action(s), e.g. {', '.join(sorted(missing)[:3])}"
+        )
 
     group_names = tuple(tuple(g.name for g in st.groups) for st in profile.stages)
     group_cost = tuple(tuple(g.weight_grad_ms.median for g in st.groups) for st in profile.stages)
     for s, names in enumerate(group_names):
         if len(set(names)) != len(names):
-            raise InputError(f"stage {s} has duplicate group names; group names must be unique per stage")
+            raise InputError(
+                f"stage {s} has duplicate group names; group names must be unique per stage"
+            )
         total = sum(group_cost[s])
         for a in (a for a in rank_of if a.stage == s and a.has_weight_grad):
             if total > cost[a] * (1 + 1e-6) + 1e-9:
@@ -119,7 +147,9 @@ def build_dag(profile: Profile) -> PipelineDag:
                     f"({cost[a]:.4g} ms); re-measure the profile"
                 )
 
-    lag = {(lg.src_stage, lg.dst_stage, lg.kind): lg.ms.median for lg in profile.lags}
+    lag: dict[tuple[int, int, str], float] = {
+        (lg.src_stage, lg.dst_stage, lg.kind): lg.ms.median for lg in profile.lags
+    }
     g = nx.DiGraph()
     g.add_nodes_from(rank_of)
 
@@ -128,7 +158,7 @@ def build_dag(profile: Profile) -> PipelineDag:
         g.add_edge(u, v, lag=lag.get((u.stage, v.stage, kind), 0.0) if cross else 0.0)
 
     for acts in rank_actions:
-        for u, v in zip(acts, acts[1:], strict=False):
+        for u, v in itertools.pairwise(acts):
             g.add_edge(u, v, lag=0.0)
     for m in range(n_mb):
         for s in range(n_st):
@@ -144,8 +174,12 @@ def build_dag(profile: Profile) -> PipelineDag:
     if not nx.is_directed_acyclic_graph(g):
         cycle = nx.find_cycle(g)
         path = " → ".join(str(u) for u, _ in cycle) + f" → {cycle[-1][1]}"
-        raise InputError(f"the schedule deadlocks: cycle {path}; fix the action order of the ranks involved")
-    order = tuple(nx.lexicographical_topological_sort(g, key=lambda a: (a.microbatch, a.stage, a.kind)))
+        raise InputError(
+            f"the schedule deadlocks: cycle {path}; fix the action order of the ranks involved"
+        )
+    order = tuple(
+        nx.lexicographical_topological_sort(g, key=lambda a: (a.microbatch, a.stage, a.kind))
+    )
     return PipelineDag(
         graph=g,
         order=order,
@@ -168,7 +202,9 @@ def _check_complete(rank_of: Mapping[Action, int], n_st: int, n_mb: int) -> None
         for m in range(n_mb):
             has = {k for k in "FBIW" if Action(s, k, m) in rank_of}  # type: ignore[arg-type]
             if "F" not in has:
-                raise InputError(f"no rank runs {s}F{m}; every stage needs a forward for every microbatch")
+                raise InputError(
+                    f"no rank runs {s}F{m}; every stage needs a forward for every microbatch"
+                )
             if has - {"F"} not in ({"B"}, {"I", "W"}):
                 found = ", ".join(f"{s}{k}{m}" for k in sorted(has - {"F"})) or "none"
                 raise InputError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -26,11 +27,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
-        raise FreezeoptError(f"cannot write {path}: {e.strerror or e}; the previous file is unchanged") from None
+        raise FreezeoptError(
+            f"cannot write {path}: {e.strerror or e}; the previous file is unchanged"
+        ) from None
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -280,7 +280,9 @@ def load_profile(path: str | Path) -> Profile:
     try:
         text = p.read_text()
     except FileNotFoundError:
-        raise InputError(f"profile {p} not found; create one with `freezeopt profile` or `freezeopt synth`") from None
+        raise InputError(
+            f"profile {p} not found; create one with `freezeopt profile` or `freezeopt synth`"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read profile {p}: {e}") from None
     try:

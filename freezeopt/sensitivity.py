@@ -53,23 +53,29 @@ class GroupSignal:
     """`gns` only: estimated noise scale B = tr(Σ)/|G|², in samples."""
 
 
-def estimate_signal(profile: Profile, estimator: Estimator = "gns") -> tuple[tuple[GroupSignal, ...], ...]:
+def estimate_signal(
+    profile: Profile, estimator: Estimator = "gns"
+) -> tuple[tuple[GroupSignal, ...], ...]:
     """Per stage, per group (in profile order), the signal model under `estimator`."""
     if estimator not in ESTIMATORS:
-        raise InputError(f"unknown sensitivity estimator {estimator!r}; use one of {', '.join(ESTIMATORS)}")
+        raise InputError(
+            f"unknown sensitivity estimator {estimator!r}; use one of {', '.join(ESTIMATORS)}"
+        )
     m = profile.pipeline.n_microbatches
     keys = [(st.stage, g.name) for st in profile.stages for g in st.groups]
     traces = {(t.stage, t.group): t for t in profile.gradients}
     if estimator in ("gns", "norm"):
         missing = [k for k in keys if k not in traces or not traces[k].step_sq_norms]
         if missing:
-            s, g = missing[0]
+            stage, group = missing[0]
             raise InputError(
-                f"sensitivity {estimator!r} needs gradient traces, but the profile has none for stage {s} group "
-                f"{g!r}; re-profile, or pass --sensitivity numel"
+                f"sensitivity {estimator!r} needs gradient traces, but the profile has none for stage {stage} group "
+                f"{group!r}; re-profile, or pass --sensitivity numel"
             )
     if estimator == "gns" and m < 2:
-        raise InputError("sensitivity 'gns' needs at least 2 microbatches per step; pass --sensitivity norm")
+        raise InputError(
+            "sensitivity 'gns' needs at least 2 microbatches per step; pass --sensitivity norm"
+        )
 
     raw: dict[tuple[int, str], tuple[float, float | None, float | None]] = {}
     b = float(profile.pipeline.microbatch_size)
@@ -91,25 +97,40 @@ def estimate_signal(profile: Profile, estimator: Estimator = "gns") -> tuple[tup
     for st in profile.stages:
         row = []
         for g in st.groups:
-            p, g2, bnoise = raw[(st.stage, g.name)]
+            p, g2_est, bnoise = raw[(st.stage, g.name)]
             share = max(p / total if total > 0 else 1.0 / len(keys), _FLOOR)
             if estimator == "gns":
-                assert g2 is not None and bnoise is not None
+                assert g2_est is not None and bnoise is not None
                 scale = share / (m * b / (m * b + bnoise))  # |G|² in normalised units
-                loss = tuple(share - scale * (m - k) * b / ((m - k) * b + bnoise) for k in range(m + 1))
+                loss = tuple(
+                    share - scale * (m - k) * b / ((m - k) * b + bnoise) for k in range(m + 1)
+                )
                 loss = (0.0, *loss[1:-1], share)
             else:
                 loss = tuple(share * k / m for k in range(m + 1))
-            row.append(GroupSignal(stage=st.stage, group=g.name, share=share, loss=loss, grad_sq=g2, noise_scale=bnoise))
+            row.append(
+                GroupSignal(
+                    stage=st.stage,
+                    group=g.name,
+                    share=share,
+                    loss=loss,
+                    grad_sq=g2_est,
+                    noise_scale=bnoise,
+                )
+            )
         out.append(tuple(row))
     return tuple(out)
 
 
-def _gns(mb_sq: tuple[tuple[float, ...], ...], step_sq: tuple[float, ...], b: float, m: int) -> tuple[float, float]:
+def _gns(
+    mb_sq: tuple[tuple[float, ...], ...], step_sq: tuple[float, ...], b: float, m: int
+) -> tuple[float, float]:
     """Return (|G|², tr Σ) estimated from per-microbatch and per-step squared norms (ratio of means)."""
     small = [sum(row) / len(row) for row in mb_sq if row]
     if not small:
-        raise InputError("gradient trace has no per-microbatch norms; re-profile, or pass --sensitivity norm")
+        raise InputError(
+            "gradient trace has no per-microbatch norms; re-profile, or pass --sensitivity norm"
+        )
     s_small = sum(small) / len(small)
     s_big = sum(step_sq) / len(step_sq)
     big_b = m * b

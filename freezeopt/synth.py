@@ -104,7 +104,10 @@ def synth_profile(opts: SynthOptions) -> Profile:
 
         spr = opts.stages_per_rank or default_stages_per_rank(opts.schedule)
         rank_acts = schedule_actions(
-            opts.schedule, world_size=opts.ranks, stages_per_rank=spr, n_microbatches=opts.microbatches
+            opts.schedule,
+            world_size=opts.ranks,
+            stages_per_rank=spr,
+            n_microbatches=opts.microbatches,
         )
         sched_name = opts.schedule
     all_acts = [a for r in rank_acts for a in r]
@@ -113,14 +116,18 @@ def synth_profile(opts: SynthOptions) -> Profile:
     stage_rank = {a.stage: r for r, acts in enumerate(rank_acts) for a in acts}
     missing = [s for s in range(n_st) if s not in stage_rank]
     if missing:
-        raise InputError(f"no rank runs stage {missing[0]}; every stage 0..{n_st - 1} needs actions")
+        raise InputError(
+            f"no rank runs stage {missing[0]}; every stage 0..{n_st - 1} needs actions"
+        )
     split = {a.stage for a in all_acts if a.kind == "I"}
     rng = random.Random(opts.seed)
 
     stages, w_of = [], {}
     f_of, i_of = {}, {}
     for s in range(n_st):
-        factor = rng.uniform(1 - opts.jitter, 1 + opts.jitter) * (opts.last_stage_factor if s == n_st - 1 else 1.0)
+        factor = rng.uniform(1 - opts.jitter, 1 + opts.jitter) * (
+            opts.last_stage_factor if s == n_st - 1 else 1.0
+        )
         f_of[s] = opts.forward_ms * factor
         w_total = opts.backward_ms * factor * opts.weight_share
         i_of[s] = opts.backward_ms * factor - w_total
@@ -159,8 +166,12 @@ def synth_profile(opts: SynthOptions) -> Profile:
     lags = []
     for s in range(n_st - 1):
         if stage_rank[s] != stage_rank[s + 1]:
-            lags.append(Lag(src_stage=s, dst_stage=s + 1, kind="F", ms=_stat(opts.lag_ms, opts.noise, n)))
-            lags.append(Lag(src_stage=s + 1, dst_stage=s, kind="B", ms=_stat(opts.lag_ms, opts.noise, n)))
+            lags.append(
+                Lag(src_stage=s, dst_stage=s + 1, kind="F", ms=_stat(opts.lag_ms, opts.noise, n))
+            )
+            lags.append(
+                Lag(src_stage=s + 1, dst_stage=s, kind="B", ms=_stat(opts.lag_ms, opts.noise, n))
+            )
 
     traces = []
     if opts.trace_steps > 0:
@@ -168,14 +179,21 @@ def synth_profile(opts: SynthOptions) -> Profile:
         for st in stages:
             for g in st.groups:
                 g2 = rng.lognormvariate(0.0, 1.0)
-                noise_scale = rng.lognormvariate(0.0, 1.5) * n_mb * b  # B in samples, around the batch size
+                noise_scale = (
+                    rng.lognormvariate(0.0, 1.5) * n_mb * b
+                )  # B in samples, around the batch size
                 tr = g2 * noise_scale
                 mb_rows, steps = [], []
                 for _ in range(opts.trace_steps):
                     mb_rows.append(tuple(_chi(rng, g2 + tr / b) for _ in range(n_mb)))
                     steps.append(_chi(rng, g2 + tr / (b * n_mb)))
                 traces.append(
-                    GradientTrace(stage=st.stage, group=g.name, microbatch_sq_norms=tuple(mb_rows), step_sq_norms=tuple(steps))
+                    GradientTrace(
+                        stage=st.stage,
+                        group=g.name,
+                        microbatch_sq_norms=tuple(mb_rows),
+                        step_sq_norms=tuple(steps),
+                    )
                 )
 
     job = {k: v for k, v in asdict(opts).items()}
@@ -198,7 +216,10 @@ def synth_profile(opts: SynthOptions) -> Profile:
             n_microbatches=n_mb,
             microbatch_size=opts.microbatch_size,
         ),
-        ranks=tuple(RankProfile(rank=r, actions=tuple(str(a) for a in acts)) for r, acts in enumerate(rank_acts)),
+        ranks=tuple(
+            RankProfile(rank=r, actions=tuple(str(a) for a in acts))
+            for r, acts in enumerate(rank_acts)
+        ),
         actions=tuple(costs),
         stages=tuple(stages),
         lags=tuple(lags),
@@ -216,7 +237,12 @@ def _chi(rng: random.Random, mean: float, dof: int = 64) -> float:
 
 
 def _check(o: SynthOptions) -> None:
-    positive = {"ranks": o.ranks, "microbatches": o.microbatches, "microbatch_size": o.microbatch_size, "groups": o.groups}
+    positive = {
+        "ranks": o.ranks,
+        "microbatches": o.microbatches,
+        "microbatch_size": o.microbatch_size,
+        "groups": o.groups,
+    }
     for k, v in positive.items():
         if v < 1:
             raise InputError(f"--{k.replace('_', '-')} must be at least 1 (got {v})")
@@ -227,4 +253,6 @@ def _check(o: SynthOptions) -> None:
     if not 0 <= o.jitter < 1 or not 0 <= o.noise < 0.5:
         raise InputError("--jitter must be in [0, 1) and --noise in [0, 0.5)")
     if o.last_stage_factor <= 0 or o.lag_ms < 0 or o.trace_steps < 0:
-        raise InputError("--last-stage-factor must be positive, --lag-ms and --trace-steps non-negative")
+        raise InputError(
+            "--last-stage-factor must be positive, --lag-ms and --trace-steps non-negative"
+        )

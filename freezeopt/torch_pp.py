@@ -70,9 +70,13 @@ def schedule_actions(
     if world_size < 1 or n_microbatches < 1 or stages_per_rank < 1:
         raise InputError("ranks, stages per rank and microbatches must all be at least 1")
     if schedule in _SINGLE and stages_per_rank != 1:
-        raise InputError(f"{schedule} runs one stage per rank; drop --stages-per-rank or set it to 1")
+        raise InputError(
+            f"{schedule} runs one stage per rank; drop --stages-per-rank or set it to 1"
+        )
     if schedule in V_SCHEDULES and stages_per_rank != 2:
-        raise InputError(f"{schedule} needs exactly 2 stages per rank (a V shape); set --stages-per-rank 2")
+        raise InputError(
+            f"{schedule} needs exactly 2 stages per rank (a V shape); set --stages-per-rank 2"
+        )
     if schedule not in _SINGLE and stages_per_rank < 2:
         raise InputError(f"{schedule} is a multi-stage schedule; use --stages-per-rank 2 or more")
     return _schedule_actions_cached(schedule, world_size, stages_per_rank, n_microbatches)
@@ -85,7 +89,8 @@ def _schedule_actions_cached(
     try:
         if schedule in _SINGLE:
             return tuple(
-                _record_single(schedule, rank, world_size, n_microbatches) for rank in range(world_size)
+                _record_single(schedule, rank, world_size, n_microbatches)
+                for rank in range(world_size)
             )
         return _multi(schedule, world_size, stages_per_rank, n_microbatches)
     except InputError:
@@ -138,12 +143,16 @@ def _multi(
             subs = a.sub_actions if a.computation_type == C.OVERLAP_F_B else (a,)
             for s in subs or ():
                 if s.computation_type in compute:
-                    acts.append(Action(s.stage_index, _kind(s.computation_type), s.microbatch_index))
+                    acts.append(
+                        Action(s.stage_index, _kind(s.computation_type), s.microbatch_index)
+                    )
         out.append(tuple(acts))
     return tuple(out)
 
 
-def _record_single(schedule: str, rank: int, world_size: int, n_microbatches: int) -> tuple[Action, ...]:
+def _record_single(
+    schedule: str, rank: int, world_size: int, n_microbatches: int
+) -> tuple[Action, ...]:
     """Run torch's own `_step_microbatches` for one rank on a stand-in stage and record its calls."""
     from torch.distributed.pipelining.schedules import get_schedule_class
     from torch.distributed.pipelining.stage import PipelineStage

@@ -1,0 +1,311 @@
+"""The `freezeopt` command line: parse, call one library function, print.
+
+Data goes to stdout (`--json` for machines), logs and progress to stderr. A user error prints one
+line on stderr and exits with the code in `freezeopt.errors.EXIT_CODES`, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from freezeopt import __version__
+from freezeopt.errors import EXIT_CODES, FreezeoptError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="freezeopt",
+    help="Freeze the right parameters at the right time to speed up pipeline-parallel training.\n\n"
+    "Workflow: `freezeopt profile` (or `synth`) → `freezeopt solve` → commit the schedule → train.\n\n"
+    "Exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + ".",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _friendly(fn: F) -> F:
+    """Turn FreezeoptError into one stderr line and its exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FreezeoptError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"freezeopt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """freezeopt."""
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+@app.command()
+@_friendly
+def synth(
+    out: Annotated[Path, typer.Option("-o", "--out", help="Profile file to write (JSON).")],
+    schedule: Annotated[
+        str,
+        typer.Option(help="torch schedule name, or a CSV file with one row of actions per rank."),
+    ] = "1F1B",
+    ranks: Annotated[int, typer.Option(help="Pipeline ranks.")] = 4,
+    stages_per_rank: Annotated[
+        int | None,
+        typer.Option(help="Stages per rank (default: 1, or 2 for multi-stage schedules)."),
+    ] = None,
+    microbatches: Annotated[int, typer.Option(help="Microbatches per step.")] = 8,
+    microbatch_size: Annotated[int, typer.Option(help="Samples per microbatch.")] = 4,
+    groups: Annotated[int, typer.Option(help="Parameter groups per stage.")] = 4,
+    forward_ms: Annotated[float, typer.Option(help="Forward cost of a stage (ms).")] = 10.0,
+    backward_ms: Annotated[float, typer.Option(help="Full backward cost of a stage (ms).")] = 20.0,
+    weight_share: Annotated[
+        float, typer.Option(help="Share of the backward that is weight-gradient work.")
+    ] = 0.5,
+    jitter: Annotated[float, typer.Option(help="Stage-to-stage cost spread (relative).")] = 0.1,
+    last_stage_factor: Annotated[
+        float, typer.Option(help="Cost multiplier of the last stage (e.g. a big LM head).")
+    ] = 1.0,
+    noise: Annotated[float, typer.Option(help="Per-action cost noise (relative).")] = 0.02,
+    lag_ms: Annotated[float, typer.Option(help="Point-to-point lag between ranks (ms).")] = 0.1,
+    trace_steps: Annotated[
+        int, typer.Option(help="Steps of synthetic gradient traces (0: none).")
+    ] = 4,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Write a synthetic profile; the action order comes from torch's own schedule classes.
+
+    Example: freezeopt synth --schedule ZBVZeroBubble --ranks 8 --microbatches 32 -o profiles/zbv.json
+    """
+    from freezeopt.synth import SynthOptions
+    from freezeopt.workflow import synth_file
+
+    opts = SynthOptions(
+        schedule=schedule, ranks=ranks, stages_per_rank=stages_per_rank, microbatches=microbatches,
+        microbatch_size=microbatch_size, groups=groups, forward_ms=forward_ms, backward_ms=backward_ms,
+        weight_share=weight_share, jitter=jitter, last_stage_factor=last_stage_factor, noise=noise,
+        lag_ms=lag_ms, trace_steps=trace_steps, seed=seed,
+    )  # fmt: skip
+    p = synth_file(opts, out)
+    typer.echo(
+        f"wrote {out}: {p.pipeline.schedule}, {p.pipeline.world_size} ranks, {p.pipeline.n_stages} stages, "
+        f"{p.pipeline.n_microbatches} microbatches, {len(p.actions)} actions"
+    )
+
+
+@app.command("solve")
+@_friendly
+def solve_cmd(
+    profile: Annotated[
+        Path, typer.Argument(help="Profile file (from `freezeopt profile` or `synth`).")
+    ],
+    out: Annotated[
+        Path | None, typer.Option("-o", "--out", help="Schedule file to write (YAML).")
+    ] = None,
+    budget: Annotated[
+        float, typer.Option(help="Largest share of one step's expected progress freezing may drop.")
+    ] = 0.1,
+    mode: Annotated[
+        str, typer.Option(help="milp (exact, time-limited), lp (relaxation) or heuristic.")
+    ] = "milp",
+    solver: Annotated[str, typer.Option(help="cbc (bundled) or highs.")] = "cbc",
+    time_limit: Annotated[
+        float, typer.Option(help="MILP time limit in seconds (both phases).")
+    ] = 60.0,
+    gap: Annotated[float, typer.Option(help="Relative MILP gap at which to stop.")] = 0.005,
+    group_cap: Annotated[
+        float, typer.Option(help="Largest share of microbatches in which one group may be frozen.")
+    ] = 0.75,
+    stage_cap: Annotated[
+        float | None, typer.Option(help="Cap on a stage's mean freeze ratio (TimelyFreeze: 0.9).")
+    ] = None,
+    sensitivity: Annotated[str, typer.Option(help="gns, norm, numel or flat.")] = "gns",
+    tolerance: Annotated[
+        float, typer.Option(help="Step-time slack phase 2 may use to drop less signal.")
+    ] = 0.0,
+    threads: Annotated[int, typer.Option(help="Solver threads.")] = 1,
+    warmup_steps: Annotated[
+        int, typer.Option(help="Full-update steps before freezing starts.")
+    ] = 100,
+    full_update_every: Annotated[
+        int, typer.Option(help="One full-update step every N steps (0: never).")
+    ] = 50,
+    write_model: Annotated[
+        Path | None, typer.Option(help="Write the PuLP model here (.lp or .mps).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Solve a profile for what to freeze where, and write the schedule.
+
+    Example: freezeopt solve profiles/tiny-gpt-1f1b.json --budget 0.1 -o schedules/tiny-gpt-1f1b.yaml
+    """
+    from freezeopt.schedule import Phases
+    from freezeopt.solve import SolveOptions
+    from freezeopt.workflow import solve_file
+
+    opts = SolveOptions(
+        mode=mode, solver=solver, budget=budget, group_cap=group_cap, stage_cap=stage_cap,  # type: ignore[arg-type]
+        sensitivity=sensitivity, tolerance=tolerance, time_limit=time_limit, gap=gap,  # type: ignore[arg-type]
+        threads=threads, write_model=write_model,
+    )  # fmt: skip
+    r, _ = solve_file(
+        profile,
+        opts,
+        phases=Phases(warmup_steps=warmup_steps, full_update_every=full_update_every),
+        out=out,
+    )
+    summary = {
+        "status": r.status,
+        "mode": r.mode,
+        "solver": r.solver,
+        "budget": r.budget,
+        "baseline_ms": round(r.baseline_ms, 4),
+        "all_frozen_ms": round(r.all_frozen_ms, 4),
+        "lp_bound_ms": round(r.lp_bound_ms, 4),
+        "predicted_ms": round(r.predicted_ms, 4),
+        "speedup": round(r.baseline_ms / r.predicted_ms, 4) if r.predicted_ms else None,
+        "gap": round(r.gap, 6),
+        "signal_dropped": round(r.signal_dropped, 6),
+        "frozen_actions": len({a for a, _ in r.frozen}),
+        "solve_seconds": round(r.solve_seconds, 3),
+        "schedule": str(out) if out else None,
+        "notes": list(r.notes),
+    }
+    if as_json:
+        _print_json(summary)
+        return
+    gain = r.baseline_ms - r.predicted_ms
+    room = r.baseline_ms - r.lp_bound_ms
+    lines = [
+        f"status          {r.status} ({r.mode}, {r.solver}, {r.solve_seconds:.2f} s)",
+        f"no freezing     {r.baseline_ms:10.2f} ms",
+        f"all frozen      {r.all_frozen_ms:10.2f} ms   (floor)",
+        f"LP bound        {r.lp_bound_ms:10.2f} ms   (budget {r.budget:g})",
+        f"predicted       {r.predicted_ms:10.2f} ms   ({r.baseline_ms / r.predicted_ms:.3f}x, "
+        f"{100 * gain / room if room > 1e-12 else 100:.1f}% of the LP-bound gain, gap {100 * r.gap:.2f}%)",
+        f"signal dropped  {100 * r.signal_dropped:9.2f} %",
+    ]
+    lines += [f"note: {n}" for n in r.notes]
+    if out:
+        lines.append(f"wrote {out}")
+    typer.echo("\n".join(lines))
+
+
+@app.command()
+@_friendly
+def simulate(
+    schedule: Annotated[Path, typer.Argument(help="Schedule file (YAML).")],
+    profile: Annotated[
+        Path, typer.Option("--profile", "-p", help="The profile it was solved from.")
+    ],
+    gantt: Annotated[
+        Path | None,
+        typer.Option(help="Save a Gantt chart (baseline above schedule) here (.png/.svg/.pdf)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Predict a schedule's step time and critical path; optionally draw the Gantt chart.
+
+    Example: freezeopt simulate schedules/x.yaml --profile profiles/x.json --gantt out/x.png
+    """
+    from freezeopt.workflow import simulate_files
+
+    rep = simulate_files(schedule, profile, gantt=gantt)
+    for w in rep.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    tl, base = rep.timeline, rep.baseline
+    path = [str(a) for a in tl.critical_path]
+    if as_json:
+        _print_json(
+            {
+                "baseline_ms": round(base.makespan, 4),
+                "predicted_ms": round(tl.makespan, 4),
+                "speedup": round(base.makespan / tl.makespan, 4) if tl.makespan else None,
+                "critical_path": path,
+                "frozen_actions": len({a for a, _ in rep.plan}),
+                "gantt": str(gantt) if gantt else None,
+            }
+        )
+        return
+    typer.echo(f"no freezing  {base.makespan:10.2f} ms")
+    typer.echo(f"schedule     {tl.makespan:10.2f} ms   ({base.makespan / tl.makespan:.3f}x)")
+    typer.echo(f"critical path ({len(path)} actions): {' '.join(path)}")
+    if gantt:
+        typer.echo(f"wrote {gantt}")
+
+
+@app.command()
+@_friendly
+def validate(
+    schedule: Annotated[Path, typer.Argument(help="Schedule file (YAML).")],
+    profile: Annotated[
+        Path | None,
+        typer.Option("--profile", "-p", help="Also check that it fits this profile's job."),
+    ] = None,
+) -> None:
+    """Check a schedule file's schema and, with --profile, that it fits that job.
+
+    Example: freezeopt validate schedules/x.yaml --profile profiles/x.json
+    """
+    from freezeopt.workflow import validate_files
+
+    sched, warnings = validate_files(schedule, profile)
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
+    fit = f", fits {profile}" if profile else ""
+    typer.echo(f"ok: {schedule} (schema v{sched.schema_version}, {sched.pipeline.schedule}{fit})")
+
+
+@app.command()
+@_friendly
+def schema(
+    kind: Annotated[str, typer.Argument(help="profile or schedule.")],
+) -> None:
+    """Print the JSON Schema of profile or schedule files.
+
+    Example: freezeopt schema schedule > schema/schedule.v1.json
+    """
+    from freezeopt.errors import InputError
+    from freezeopt.profile_file import profile_json_schema
+    from freezeopt.schedule import schedule_json_schema
+
+    makers = {"profile": profile_json_schema, "schedule": schedule_json_schema}
+    if kind not in makers:
+        raise InputError(f"unknown schema {kind!r}; use profile or schedule")
+    sys.stdout.write(json.dumps(makers[kind](), indent=2, sort_keys=True) + "\n")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

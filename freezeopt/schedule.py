@@ -1,0 +1,463 @@
+"""The schedule file (version 1): what `freezeopt solve` writes and teams commit to git.
+
+YAML, `schema_version` first, written deterministically (same inputs → byte-identical file: no
+timestamps, numbers rounded, keys in a fixed order) so `git diff` shows real changes only, and
+validated on load (unknown keys rejected, one clear line per problem). It says which pipeline it
+fits, the training phases the runtime follows, the prediction, and per stage which groups are
+frozen in which microbatches, in a compact form: `blocks.3: 0-2,5` freezes group `blocks.3` of
+that stage in microbatches 0, 1, 2 and 5. `docs/schedule.md` describes every field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+
+from freezeopt import __version__
+from freezeopt.actions import Action
+from freezeopt.dag import PipelineDag
+from freezeopt.errors import InputError, MismatchError
+from freezeopt.fileio import atomic_write_text
+from freezeopt.profile_file import Profile
+from freezeopt.solve import SolveOptions, SolveResult
+
+__all__ = [
+    "SCHEDULE_VERSION",
+    "Drift",
+    "Phases",
+    "Schedule",
+    "check_fits",
+    "dump_schedule",
+    "format_microbatches",
+    "load_schedule",
+    "parse_microbatches",
+    "parse_schedule",
+    "save_schedule",
+    "schedule_from_result",
+    "schedule_json_schema",
+    "schedule_plan",
+    "schedule_sha256",
+]
+
+SCHEDULE_VERSION = 1
+_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
+Share = Annotated[float, Field(ge=0, le=1)]
+NonNeg = Annotated[float, Field(ge=0)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleProvenance:
+    """How the schedule was made."""
+
+    __pydantic_config__ = _CONFIG
+    freezeopt: str
+    """freezeopt version that solved it."""
+    profile_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    """Content hash of the profile it was solved from."""
+    profile_source: str
+    """`measured` or `synth`."""
+    mode: str
+    """`milp`, `lp` or `heuristic`."""
+    solver: str
+    """`cbc` or `highs`."""
+    status: str
+    """Solver outcome: `optimal`, `time_limit`, `heuristic`, `heuristic_fallback`."""
+    sensitivity: str
+    """Sensitivity estimator (`gns`, `norm`, `numel`, `flat`)."""
+    budget: Share
+    """Largest share of one step's expected progress freezing may drop."""
+    group_cap: Share
+    """Largest share of microbatches in which one group may be frozen."""
+    stage_cap: Share | None = None
+    """Per-stage mean freeze-ratio cap, if used."""
+    tolerance: Share = 0.0
+    """Step-time tolerance of phase 2."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulePipeline:
+    """The pipeline the schedule is valid for; loading it against another is an error."""
+
+    __pydantic_config__ = _CONFIG
+    schedule: str
+    """torch schedule name or `csv:<file>`."""
+    world_size: Annotated[int, Field(ge=1)]
+    n_stages: Annotated[int, Field(ge=1)]
+    n_microbatches: Annotated[int, Field(ge=1)]
+    stage_to_rank: tuple[Annotated[int, Field(ge=0)], ...]
+    """Rank of each stage."""
+    groups: tuple[tuple[str, ...], ...]
+    """Per stage, its parameter group names."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drift:
+    """Drift rules the runtime applies; on drift it falls back to full updates."""
+
+    __pydantic_config__ = _CONFIG
+    loss_rise: NonNeg = 0.05
+    """Fall back when the loss exceeds its recent full-update trend by this relative amount."""
+    grad_norm_spike: NonNeg = 5.0
+    """Fall back when a group's gradient norm exceeds its running median by this factor."""
+    step_time_error: NonNeg = 0.25
+    """Fall back (and flag the schedule as stale) when measured step time is off the prediction by this share."""
+    fallback_steps: Annotated[int, Field(ge=1)] = 20
+    """Steps of full updates after a drift."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phases:
+    """Training phases the runtime follows."""
+
+    __pydantic_config__ = _CONFIG
+    warmup_steps: Annotated[int, Field(ge=0)] = 100
+    """Full updates for this many optimizer steps before freezing starts."""
+    full_update_every: Annotated[int, Field(ge=0)] = 50
+    """During freezing, one full-update window every this many steps (0: never)."""
+    full_update_steps: Annotated[int, Field(ge=1)] = 1
+    """Length of each full-update window in steps."""
+    drift: Drift = field(default_factory=Drift)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """Simulated step times (ms) and the signal dropped."""
+
+    __pydantic_config__ = _CONFIG
+    baseline_ms: NonNeg
+    """Nothing frozen."""
+    all_frozen_ms: NonNeg
+    """Every freezable group frozen everywhere: the floor."""
+    lp_bound_ms: NonNeg
+    """LP relaxation bound under the same budget and caps."""
+    predicted_ms: NonNeg
+    """This schedule."""
+    gap: Share
+    """(predicted − LP bound) / predicted."""
+    signal_dropped: Share
+    """Share of one step's expected progress this schedule drops."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """A whole schedule file."""
+
+    __pydantic_config__ = _CONFIG
+    schema_version: int
+    """File format version; always first."""
+    provenance: ScheduleProvenance
+    pipeline: SchedulePipeline
+    phases: Phases
+    prediction: Prediction
+    frozen: dict[int, dict[str, str | int]]
+    """Per stage, per group: the microbatches in which it is frozen (`0-2,5`)."""
+    ratios: dict[int, dict[str, dict[int, Share]]] = field(default_factory=dict)
+    """`lp` mode only: per stage, group and microbatch, a fraction (0, 1) of the group's weight-gradient work to
+    skip (whole-group freezes are listed under `frozen`)."""
+
+
+_ADAPTER: TypeAdapter[Schedule] = TypeAdapter(Schedule)
+
+
+def format_microbatches(mbs: list[int] | set[int] | tuple[int, ...]) -> str:
+    """[0, 1, 2, 5] → `0-2,5`."""
+    xs = sorted(set(mbs))
+    parts: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_microbatches(text: str | int, n_microbatches: int) -> tuple[int, ...]:
+    """`0-2,5` → (0, 1, 2, 5); raise ValueError for malformed or out-of-range lists."""
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            raise ValueError(f"empty entry in microbatch list {text!r}")
+        lo_s, sep, hi_s = part.partition("-")
+        if not lo_s.strip().isdigit() or (sep and not hi_s.strip().isdigit()):
+            raise ValueError(f"{part!r} is not a microbatch or range like 3 or 0-2")
+        lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
+        if lo > hi or hi >= n_microbatches:
+            raise ValueError(f"{part!r} is outside microbatches 0..{n_microbatches - 1}")
+        if out & set(range(lo, hi + 1)):
+            raise ValueError(f"microbatch list {text!r} repeats a microbatch")
+        out.update(range(lo, hi + 1))
+    return tuple(sorted(out))
+
+
+def schedule_from_result(
+    result: SolveResult,
+    *,
+    profile: Profile,
+    profile_sha256: str,
+    dag: PipelineDag,
+    opts: SolveOptions,
+    phases: Phases,
+) -> Schedule:
+    """The schedule file for a solve result."""
+    frozen: dict[int, dict[str, list[int]]] = {}
+    ratios: dict[int, dict[str, dict[int, float]]] = {}
+    for (a, g), xv in result.frozen.items():
+        name = dag.group_names[a.stage][g]
+        r = round(xv, 4)
+        if r >= 1.0:
+            frozen.setdefault(a.stage, {}).setdefault(name, []).append(a.microbatch)
+        elif r > 0:  # fractional freezing: `lp` mode only
+            ratios.setdefault(a.stage, {}).setdefault(name, {})[a.microbatch] = r
+    stage_to_rank = tuple(st.rank for st in profile.stages)
+    return Schedule(
+        schema_version=SCHEDULE_VERSION,
+        provenance=ScheduleProvenance(
+            freezeopt=__version__,
+            profile_sha256=profile_sha256,
+            profile_source=profile.provenance.source,
+            mode=result.mode,
+            solver=result.solver,
+            status=result.status,
+            sensitivity=opts.sensitivity,
+            budget=opts.budget,
+            group_cap=opts.group_cap,
+            stage_cap=opts.stage_cap,
+            tolerance=opts.tolerance,
+        ),
+        pipeline=SchedulePipeline(
+            schedule=profile.pipeline.schedule,
+            world_size=profile.pipeline.world_size,
+            n_stages=profile.pipeline.n_stages,
+            n_microbatches=profile.pipeline.n_microbatches,
+            stage_to_rank=stage_to_rank,
+            groups=dag.group_names,
+        ),
+        phases=phases,
+        prediction=Prediction(
+            baseline_ms=result.baseline_ms,
+            all_frozen_ms=result.all_frozen_ms,
+            lp_bound_ms=result.lp_bound_ms,
+            predicted_ms=result.predicted_ms,
+            gap=min(1.0, max(0.0, result.gap)),
+            signal_dropped=min(1.0, max(0.0, result.signal_dropped)),
+        ),
+        frozen={
+            s: {
+                name: format_microbatches(frozen[s][name])
+                for name in dag.group_names[s]
+                if name in frozen[s]
+            }
+            for s in sorted(frozen)
+        },
+        ratios={
+            s: {
+                name: dict(sorted(ratios[s][name].items()))
+                for name in dag.group_names[s]
+                if name in ratios[s]
+            }
+            for s in sorted(ratios)
+        },
+    )
+
+
+def _round(x: Any) -> Any:
+    if isinstance(x, float):
+        return round(x, 4) if abs(x) < 1 else float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_round(v) for v in x]
+    return x
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _flow_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = all(not isinstance(v, dict | list) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+def _flow_dict(dumper: yaml.SafeDumper, data: dict[Any, Any]) -> yaml.Node:
+    flow = bool(data) and all(isinstance(k, int) and isinstance(v, float) for k, v in data.items())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=flow)
+
+
+_Dumper.add_representer(list, _flow_list)
+_Dumper.add_representer(dict, _flow_dict)
+
+
+def dump_schedule(schedule: Schedule) -> str:
+    """Deterministic YAML text of a schedule."""
+    data = _round(asdict(schedule))
+    if not data["ratios"]:
+        del data["ratios"]
+    header = (
+        "# freezeopt schedule: which parameter groups to freeze in which microbatches.\n"
+        "# Made by `freezeopt solve`; check it with `freezeopt validate`. Format: docs/schedule.md\n"
+    )
+    return header + yaml.dump(
+        data,
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        width=100,
+        allow_unicode=False,
+    )
+
+
+def save_schedule(schedule: Schedule, path: str | Path) -> None:
+    """Write a schedule atomically."""
+    atomic_write_text(Path(path), dump_schedule(schedule))
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    """Read and validate a schedule file (safe YAML: no tags, no code)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise InputError(
+            f"schedule {p} not found; make one with `freezeopt solve PROFILE -o {p}`"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read schedule {p}: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else "parse error"
+        raise InputError(f"{p}: not valid YAML ({first})") from None
+    return parse_schedule(data, source=str(p))
+
+
+def parse_schedule(data: Any, *, source: str = "schedule") -> Schedule:
+    """Validate decoded YAML as a schedule, including its microbatch lists."""
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{source}: not a freezeopt schedule (expected a mapping with schema_version first)"
+        )
+    if data.get("schema_version") != SCHEDULE_VERSION:
+        raise InputError(
+            f"{source}: schedule schema_version {data.get('schema_version')!r} is not supported; this freezeopt "
+            f"reads version {SCHEDULE_VERSION} (re-run `freezeopt solve`)"
+        )
+    try:
+        sched = _ADAPTER.validate_python(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise InputError(f"{source}: invalid schedule at {where}: {err['msg']}") from None
+    pipe = sched.pipeline
+    if len(pipe.stage_to_rank) != pipe.n_stages or len(pipe.groups) != pipe.n_stages:
+        raise InputError(
+            f"{source}: pipeline lists {len(pipe.stage_to_rank)} ranks and {len(pipe.groups)} group lists for {pipe.n_stages} stages"
+        )
+    for section, stages in (("frozen", set(sched.frozen)), ("ratios", set(sched.ratios))):
+        for s in sorted(stages):
+            if not 0 <= s < pipe.n_stages:
+                raise InputError(
+                    f"{source}: {section} names stage {s}, but the pipeline has stages 0..{pipe.n_stages - 1}"
+                )
+            names = (
+                set(sched.frozen.get(s, {}))
+                if section == "frozen"
+                else set(sched.ratios.get(s, {}))
+            )
+            for name in sorted(names - set(pipe.groups[s])):
+                raise InputError(
+                    f"{source}: {section}: stage {s} has no group {name!r} (groups: {', '.join(pipe.groups[s])})"
+                )
+    for s, groups in sched.frozen.items():
+        for name, mbs in groups.items():
+            try:
+                parse_microbatches(mbs, pipe.n_microbatches)
+            except ValueError as e:
+                raise InputError(f"{source}: frozen: stage {s} group {name!r}: {e}") from None
+    for s, ratio_groups in sched.ratios.items():
+        for name, per_mb in ratio_groups.items():
+            bad = [m for m in per_mb if not 0 <= m < pipe.n_microbatches]
+            if bad:
+                raise InputError(
+                    f"{source}: ratios: stage {s} group {name!r}: microbatch {bad[0]} is out of range"
+                )
+    return sched
+
+
+def check_fits(
+    schedule: Schedule, profile: Profile, *, profile_sha256: str | None = None
+) -> list[str]:
+    """Raise MismatchError if the schedule is for another pipeline; return warnings (e.g. another profile)."""
+    sp, pp = schedule.pipeline, profile.pipeline
+    want = {
+        "schedule": (sp.schedule, pp.schedule),
+        "ranks": (sp.world_size, pp.world_size),
+        "stages": (sp.n_stages, pp.n_stages),
+        "microbatches": (sp.n_microbatches, pp.n_microbatches),
+        "stage-to-rank map": (list(sp.stage_to_rank), [st.rank for st in profile.stages]),
+        "parameter groups": (
+            [list(g) for g in sp.groups],
+            [[g.name for g in st.groups] for st in profile.stages],
+        ),
+    }
+    for what, (a, b) in want.items():
+        if a != b:
+            raise MismatchError(
+                f"the schedule does not fit this job: {what} is {_short(a)} in the schedule but {_short(b)} in the "
+                f"profile; re-solve with `freezeopt solve` on this job's profile"
+            )
+    warnings = []
+    if profile_sha256 is not None and profile_sha256 != schedule.provenance.profile_sha256:
+        warnings.append(
+            "the schedule was solved from a different profile of this pipeline; its prediction may be stale"
+        )
+    return warnings
+
+
+def _short(v: Any) -> str:
+    s = str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def schedule_plan(schedule: Schedule, dag: PipelineDag) -> dict[tuple[Action, int], float]:
+    """(weight-gradient action, group index) → frozen extent, for the simulator and runtime."""
+    plan: dict[tuple[Action, int], float] = {}
+    n_mb = schedule.pipeline.n_microbatches
+
+    def weight_action(s: int, m: int) -> Action:
+        b = Action(s, "B", m)
+        return b if b in dag.rank_of else Action(s, "W", m)
+
+    for s, groups in schedule.frozen.items():
+        for name, mbs in groups.items():
+            g = dag.group_names[s].index(name)
+            for m in parse_microbatches(mbs, n_mb):
+                plan[(weight_action(s, m), g)] = 1.0
+    for s, groups2 in schedule.ratios.items():
+        for name, per_mb in groups2.items():
+            g = dag.group_names[s].index(name)
+            for m, r in per_mb.items():
+                key = (weight_action(s, m), g)
+                plan[key] = max(plan.get(key, 0.0), r)
+    return plan
+
+
+def schedule_sha256(text: str) -> str:
+    """Content hash of a schedule file's text."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def schedule_json_schema() -> dict[str, Any]:
+    """JSON Schema of schedule files (draft-07, usable by yaml-language-server)."""
+    schema = _ADAPTER.json_schema()
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    schema["title"] = "freezeopt schedule, version 1"
+    return schema
