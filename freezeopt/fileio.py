@@ -1,15 +1,18 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of either."""
+"""File and stream helpers at the edges: atomic writes (a reader sees the old file or the new one,
+never half of either) and keeping native libraries' chatter off stdout."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from freezeopt.errors import FreezeoptError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "stdout_to_stderr"]
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -37,3 +40,23 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write text (UTF-8) atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr for the duration (HiGHS prints a banner there even with
+    msg=False); stdout stays for data. A no-op where stdout or stderr has no file descriptor."""
+    try:
+        out_fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(out_fd)
+    try:
+        os.dup2(err_fd, out_fd)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, out_fd)
+        os.close(saved)

@@ -23,13 +23,11 @@ simulator gives for the answer.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import sys
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -38,6 +36,7 @@ import pulp
 from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, SolverError
+from freezeopt.fileio import stdout_to_stderr
 from freezeopt.sensitivity import Estimator, GroupSignal
 from freezeopt.simulate import simulate
 
@@ -99,6 +98,8 @@ class SolveResult:
     """(action, group index) → frozen extent (1.0 in milp/heuristic; fractions in lp). Zeros omitted."""
     budget: float
     notes: tuple[str, ...] = ()
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds spent building PuLP models (`build`), in the solver (`solver`) and in the rest (`other`)."""
 
 
 def solve(
@@ -137,6 +138,11 @@ def solve(
         frozen={k: v for k, v in sorted(frozen.items()) if v > 1e-9},
         budget=opts.budget,
         notes=tuple(notes),
+        timings={
+            "build": model.build_seconds,
+            "solver": model.solver_seconds,
+            "other": time.perf_counter() - t0 - model.build_seconds - model.solver_seconds,
+        },
     )
 
 
@@ -180,6 +186,8 @@ class _Model:
             for g, c in enumerate(dag.group_cost[a.stage])
             if c > 0 and self.kmax > 0
         ]
+        self.build_seconds = 0.0
+        self.solver_seconds = 0.0
         self.by_group: dict[tuple[int, int], list[Key]] = {}
         for k in self.keys:
             self.by_group.setdefault((k[0].stage, k[1]), []).append(k)
@@ -214,6 +222,15 @@ class _Model:
 
     # -- model building ---------------------------------------------------------------------
     def build(
+        self, *, integer: bool, t_max: float | None
+    ) -> tuple[pulp.LpProblem, dict[Key, pulp.LpVariable], pulp.LpVariable]:
+        t0 = time.perf_counter()
+        try:
+            return self._build(integer=integer, t_max=t_max)
+        finally:
+            self.build_seconds += time.perf_counter() - t0
+
+    def _build(
         self, *, integer: bool, t_max: float | None
     ) -> tuple[pulp.LpProblem, dict[Key, pulp.LpVariable], pulp.LpVariable]:
         dag, opts = self.dag, self.opts
@@ -311,11 +328,18 @@ class _Model:
         return t1 * (1 + self.opts.tolerance) + 1e-7 * t1 + 1e-6
 
     # -- solving ----------------------------------------------------------------------------
+    def run(self, prob: pulp.LpProblem, *, time_limit: float | None, warm: bool) -> str:
+        t0 = time.perf_counter()
+        try:
+            return _run(prob, self.opts, time_limit=time_limit, warm=warm)
+        finally:
+            self.solver_seconds += time.perf_counter() - t0
+
     def solve_lp(self, *, write: Path | None) -> tuple[float, dict[Key, float], str]:
         """Both phases of the LP relaxation; returns (phase-1 T, phase-2 x, status)."""
         p1, _, T = self.build(integer=False, t_max=None)
         _write(p1, write, phase=1)
-        st = _run(p1, self.opts, time_limit=None, warm=False)
+        st = self.run(p1, time_limit=None, warm=False)
         if st != "optimal":
             raise SolverError(
                 f"the LP relaxation did not solve ({st}); try --solver {_other(self.opts.solver)}"
@@ -323,7 +347,7 @@ class _Model:
         t1 = float(T.value())
         p2, x, _ = self.build(integer=False, t_max=self.t_limit(t1))
         _write(p2, write, phase=2)
-        st = _run(p2, self.opts, time_limit=None, warm=False)
+        st = self.run(p2, time_limit=None, warm=False)
         if st != "optimal":
             raise SolverError(
                 f"phase 2 of the LP did not solve ({st}); try --solver {_other(self.opts.solver)}"
@@ -339,7 +363,7 @@ class _Model:
         p1, x1, T1 = self.build(integer=True, t_max=None)
         _write(p1, write, phase=1)
         self._warm(p1, x1, T1, start)
-        st1 = _run(p1, self.opts, time_limit=self.opts.time_limit / 2, warm=True)
+        st1 = self.run(p1, time_limit=self.opts.time_limit / 2, warm=True)
         if st1 not in ("optimal", "time_limit"):
             notes.append(f"MILP phase 1 found no solution ({st1}); kept the heuristic answer")
             return start, "heuristic_fallback", notes
@@ -349,7 +373,7 @@ class _Model:
         _write(p2, write, phase=2)
         self._warm(p2, x2, T2, plan1)
         left = max(1.0, deadline - time.perf_counter())
-        st2 = _run(p2, self.opts, time_limit=left, warm=True)
+        st2 = self.run(p2, time_limit=left, warm=True)
         if st2 not in ("optimal", "time_limit"):
             notes.append(f"MILP phase 2 found no solution ({st2}); kept phase 1's answer")
             return plan1, "time_limit", notes
@@ -490,7 +514,7 @@ def _run(prob: pulp.LpProblem, opts: SolveOptions, *, time_limit: float | None, 
     """Solve; return `optimal`, `time_limit` (feasible, not proven), `infeasible` or `no_solution`."""
     solver = _solver(opts, time_limit=time_limit, warm=warm)
     try:
-        with _stdout_to_stderr():
+        with stdout_to_stderr():
             prob.solve(solver)
     except pulp.PulpSolverError as e:
         raise SolverError(f"{opts.solver} failed: {str(e).splitlines()[0]}") from None
@@ -502,27 +526,3 @@ def _run(prob: pulp.LpProblem, opts: SolveOptions, *, time_limit: float | None, 
     if prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:
         return "infeasible"
     return "no_solution"
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """HiGHS prints a banner on fd 1 even with msg=False; keep stdout for data."""
-    sys.stdout.flush()
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # captured stdout (tests): nothing to protect
-        yield
-        return
-    saved = os.dup(fd)
-    try:
-        os.dup2(
-            sys.stderr.fileno()
-            if hasattr(sys.stderr, "fileno")
-            else os.open(os.devnull, os.O_WRONLY),
-            fd,
-        )
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, fd)
-        os.close(saved)
