@@ -9,8 +9,9 @@ lost when the group is frozen in k of the step's M microbatches. Four estimators
       |G|² ≈ (Mb·|g_Mb|² − b·|g_b|²) / (Mb − b),   tr(Σ) ≈ (|g_b|² − |g_Mb|²) / (1/b − 1/(Mb)).
   One step with n samples makes progress ∝ |G|² · n / (n + B) with B = tr(Σ)/|G|². Freezing the
   group in k microbatches leaves n = (M−k)·b (the runtime rescales the rest to stay unbiased),
-  so the loss is P(Mb) − P((M−k)b): convex in k, zero at k = 0, all of P(Mb) at k = M. A noisy
-  group (large B) loses little when a few microbatches are dropped; a clean one loses a lot.
+  so the loss is P(Mb) − P((M−k)b): convex in k, zero at k = 0, all of P(Mb) at k = M. A group
+  with a clean gradient (B ≪ M·b) is saturated and loses little when a few microbatches are
+  dropped; a noisy one (B ≫ M·b) loses in proportion to the samples it misses.
   Estimates average numerator and denominator over steps (ratio of means) and clamp |G|² to a
   small positive floor where noise swamps it.
 * `norm`: linear, each group's share of the step gradient's squared norm, per microbatch.

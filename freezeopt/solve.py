@@ -487,6 +487,11 @@ def _solver(opts: SolveOptions, *, time_limit: float | None, warm: bool) -> pulp
     if opts.solver == "highs":
         if not pulp.HiGHS().available():
             raise SolverError("HiGHS is not available: pip install highspy, or use --solver cbc")
+        import highspy
+
+        # HiGHS keeps one process-wide thread scheduler; an earlier model with another thread count
+        # makes the next solve fail ("scheduler has already been initialized"). Start afresh.
+        highspy.Highs.resetGlobalScheduler(True)
         return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=opts.gap, threads=opts.threads)
     # PuLP 3.3 bundles CBC; its PULP_CBC_CMD wrapper is deprecated, so call the bundled binary
     # through COIN_CMD (the path PuLP 4 keeps), or a `cbc` on PATH.

@@ -97,8 +97,10 @@ def solve_timelyfreeze_lp(dag: PipelineDag, *, stage_cap: float = 0.9) -> Timely
     lp.a_matrix_.index_ = cols_nz.astype(np.int32)
     lp.a_matrix_.value_ = a_ub.T[rows_nz, cols_nz]
     with stdout_to_stderr():  # highspy prints a banner on fd 1
+        highspy.Highs.resetGlobalScheduler(True)  # see freezeopt.solve: one scheduler per process
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
         h.passModel(lp)
         h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:

@@ -1,0 +1,32 @@
+"""Shared fixtures: small synthetic profiles built through the real torch adapter."""
+
+from __future__ import annotations
+
+import pytest
+
+from freezeopt.dag import PipelineDag, build_dag
+from freezeopt.profile_file import Profile
+from freezeopt.synth import SynthOptions, synth_profile
+
+
+def make_profile(**kw: object) -> Profile:
+    """A synthetic profile; keyword arguments override SynthOptions defaults (small sizes)."""
+    base: dict[str, object] = {
+        "schedule": "1F1B",
+        "ranks": 2,
+        "microbatches": 4,
+        "groups": 2,
+        "seed": 0,
+    }
+    base.update(kw)
+    return synth_profile(SynthOptions(**base))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def small_profile() -> Profile:
+    return make_profile()
+
+
+@pytest.fixture
+def small_dag(small_profile: Profile) -> PipelineDag:
+    return build_dag(small_profile)

@@ -1,0 +1,179 @@
+"""The command line end to end: data on stdout, one-line errors with documented exit codes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from freezeopt.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def profile(tmp_path: Path) -> Path:
+    out = tmp_path / "p.json"
+    r = run(
+        "synth",
+        "--schedule",
+        "1F1B",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "4",
+        "--groups",
+        "2",
+        "-o",
+        out,
+    )
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_synth_solve_simulate_validate(tmp_path: Path, profile: Path) -> None:
+    sched = tmp_path / "s.yaml"
+    r = run("solve", profile, "--budget", "0.2", "-o", sched, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    for key in (
+        "status",
+        "mode",
+        "solver",
+        "baseline_ms",
+        "all_frozen_ms",
+        "lp_bound_ms",
+        "predicted_ms",
+        "gap",
+        "signal_dropped",
+        "solve_seconds",
+    ):
+        assert key in data
+    assert data["predicted_ms"] <= data["baseline_ms"]
+    png = tmp_path / "g.png"
+    r = run("simulate", sched, "--profile", profile, "--gantt", png, "--json")
+    assert r.exit_code == 0, r.output
+    sim = json.loads(r.stdout)
+    assert sim["predicted_ms"] == pytest.approx(data["predicted_ms"], rel=1e-4)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = run("validate", sched, "--profile", profile)
+    assert r.exit_code == 0 and r.stdout.startswith("ok:")
+
+
+def test_solve_is_deterministic(tmp_path: Path, profile: Path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    for out in (a, b):
+        assert run("solve", profile, "-o", out).exit_code == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.parametrize("mode", ["lp", "heuristic"])
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_modes_and_solvers(profile: Path, mode: str, solver: str) -> None:
+    r = run("solve", profile, "--mode", mode, "--solver", solver, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["mode"] == mode
+
+
+def test_human_output(profile: Path) -> None:
+    r = run("solve", profile)
+    assert r.exit_code == 0
+    assert "LP bound" in r.stdout and "predicted" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "msg"),
+    [
+        (["solve", "missing.json"], 2, "not found"),
+        (["solve", "{p}", "--budget", "1.5"], 2, "--budget must be"),
+        (["solve", "{p}", "--mode", "magic"], 2, "unknown mode"),
+        (["solve", "{p}", "--sensitivity", "vibes"], 2, "unknown sensitivity"),
+        (["synth", "--schedule", "Nope", "-o", "{t}/x.json"], 2, "unknown schedule"),
+        (["synth", "--ranks", "0", "-o", "{t}/x.json"], 2, "at least 1"),
+        (["schema", "thing"], 2, "unknown schema"),
+        (["validate", "{p}"], 2, "invalid schedule at provenance"),
+    ],
+)
+def test_user_errors_are_one_line(
+    tmp_path: Path, profile: Path, args: list[str], code: int, msg: str
+) -> None:
+    argv = [a.format(p=profile, t=tmp_path) for a in args]
+    r = run(*argv)
+    assert r.exit_code == code, r.output
+    assert "Traceback" not in r.output
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+
+    assert re.search(msg, lines[0])
+
+
+def test_schedule_for_another_job_exits_4(tmp_path: Path, profile: Path) -> None:
+    sched = tmp_path / "s.yaml"
+    assert run("solve", profile, "-o", sched).exit_code == 0
+    other = tmp_path / "o.json"
+    assert run("synth", "--ranks", "2", "--microbatches", "8", "-o", other).exit_code == 0
+    r = run("simulate", sched, "--profile", other)
+    assert r.exit_code == 4
+    assert "does not fit" in r.stderr
+
+
+def test_no_partial_file_on_failure(tmp_path: Path, profile: Path) -> None:
+    out = tmp_path / "s.yaml"
+    assert run("solve", profile, "--budget", "-1", "-o", out).exit_code == 2
+    assert not out.exists()
+    out.write_text("previous\n")
+    assert run("solve", profile, "--mode", "nope", "-o", out).exit_code == 2
+    assert out.read_text() == "previous\n"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_unwritable_output_is_a_clear_error(tmp_path: Path, profile: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = run("solve", profile, "-o", blocker / "s.yaml")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error: cannot write")
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    for cmd in ("synth", "solve", "simulate", "validate", "schema"):
+        r = run(cmd, "--help")
+        assert r.exit_code == 0
+        assert "Example:" in r.stdout, cmd
+
+
+def test_version_and_module_entry_point() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "freezeopt", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.startswith("freezeopt ")
+
+
+def test_highs_banner_stays_off_stdout(profile: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "freezeopt",
+            "solve",
+            str(profile),
+            "--solver",
+            "highs",
+            "--mode",
+            "lp",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    json.loads(out.stdout)  # nothing but the JSON object

@@ -1,0 +1,76 @@
+"""Profile files: validated at the boundary, deterministic, schema committed and in sync."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from freezeopt.errors import InputError
+from freezeopt.profile_file import dump_profile, load_profile, profile_json_schema, save_profile
+from freezeopt.schedule import schedule_json_schema
+from tests.conftest import make_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("name", "make"), [("profile", profile_json_schema), ("schedule", schedule_json_schema)]
+)
+def test_committed_schema_matches_the_code(name: str, make) -> None:
+    committed = json.loads((ROOT / "schema" / f"{name}.v1.json").read_text())
+    assert committed == make(), f"regenerate with: freezeopt schema {name} > schema/{name}.v1.json"
+
+
+def test_round_trip_is_byte_identical(tmp_path: Path) -> None:
+    p = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4)
+    save_profile(p, tmp_path / "a.json")
+    again = load_profile(tmp_path / "a.json")
+    assert dump_profile(again) == (tmp_path / "a.json").read_text()
+    assert dump_profile(
+        make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4)
+    ) == dump_profile(p)
+
+
+def _write(tmp_path: Path, data) -> Path:
+    f = tmp_path / "p.json"
+    f.write_text(data if isinstance(data, str) else json.dumps(data))
+    return f
+
+
+def _data():
+    return json.loads(dump_profile(make_profile()))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "msg"),
+    [
+        (lambda d: d.update(schema_version=0), "schema_version 0 is not supported"),
+        (lambda d: d.pop("ranks"), "ranks"),
+        (lambda d: d["actions"][0]["cost_ms"].update(median=-1.0), "greater than or equal to 0"),
+        (lambda d: d["actions"][0].update(action="0X1"), "actions.0.action"),
+        (lambda d: d["pipeline"].update(n_microbatches="many"), "pipeline.n_microbatches"),
+        (lambda d: d.update(bogus=2), "invalid profile at bogus"),
+        (lambda d: d["stages"][0]["groups"][0].update(name=""), "at least 1 character"),
+    ],
+)
+def test_bad_profiles(tmp_path: Path, mutate, msg: str) -> None:
+    d = _data()
+    mutate(d)
+    with pytest.raises(InputError, match=msg) as e:
+        load_profile(_write(tmp_path, d))
+    assert "\n" not in str(e.value)
+
+
+def test_nan_and_truncated_json(tmp_path: Path) -> None:
+    text = dump_profile(make_profile())
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_profile(_write(tmp_path, text[: len(text) // 2]))
+    with_nan = re.sub(r'"median": [0-9.e+-]+', '"median": NaN', text, count=1)
+    assert with_nan != text
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_profile(_write(tmp_path, with_nan))
+    with pytest.raises(InputError, match="not found"):
+        load_profile(tmp_path / "missing.json")

@@ -1,0 +1,163 @@
+"""The solver: honest bounds, budgets that hold, and TimelyFreeze's LP reproduced exactly."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+
+from freezeopt.dag import build_dag
+from freezeopt.errors import InputError
+from freezeopt.sensitivity import estimate_signal
+from freezeopt.simulate import simulate
+from freezeopt.solve import SolveOptions, solve
+from freezeopt.timelyfreeze import solve_timelyfreeze_lp
+from tests.conftest import make_profile
+
+
+def _solve(profile, **kw):
+    opts = SolveOptions(**kw)
+    dag = build_dag(profile)
+    return dag, solve(dag, estimate_signal(profile, opts.sensitivity), opts)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "ranks", "mbs"),
+    [
+        ("1F1B", 2, 4),
+        ("1F1B", 4, 8),
+        ("GPipe", 3, 6),
+        ("Interleaved1F1B", 2, 4),
+        ("ZBVZeroBubble", 2, 6),
+        ("DualPipeV", 2, 4),
+    ],
+)
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_lp_reproduces_timelyfreeze(schedule: str, ranks: int, mbs: int, solver: str) -> None:
+    """One group per stage, flat sensitivity, no budget, per-stage cap 0.9: TimelyFreeze's LP."""
+    p = make_profile(schedule=schedule, ranks=ranks, microbatches=mbs, groups=1, seed=3)
+    dag, r = _solve(
+        p, mode="lp", solver=solver, budget=1.0, group_cap=1.0, stage_cap=0.9, sensitivity="flat"
+    )
+    tf = solve_timelyfreeze_lp(dag, stage_cap=0.9)
+    assert r.lp_bound_ms == pytest.approx(tf.makespan, rel=1e-6)
+    assert r.predicted_ms == pytest.approx(tf.makespan, rel=1e-6)
+    assert sum(r.frozen.values()) == pytest.approx(sum(tf.ratios.values()), abs=1e-3)
+    # the per-stage cap holds in both
+    for s in range(dag.n_stages):
+        assert sum(x for (a, _), x in r.frozen.items() if a.stage == s) <= 0.9 * mbs + 1e-6
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+@pytest.mark.parametrize("mode", ["lp", "heuristic", "milp"])
+def test_prediction_is_the_simulated_step_time(schedule: str, mode: str) -> None:
+    p = make_profile(schedule=schedule, microbatches=4, groups=2)
+    dag, r = _solve(p, mode=mode, budget=0.2, time_limit=20)
+    assert r.predicted_ms == pytest.approx(simulate(dag, dag.durations(r.frozen)).makespan)
+    assert r.all_frozen_ms - 1e-6 <= r.lp_bound_ms <= r.predicted_ms + 1e-6 <= r.baseline_ms + 2e-6
+    assert r.signal_dropped <= 0.2 + 1e-6
+    assert 0 <= r.gap == pytest.approx((r.predicted_ms - r.lp_bound_ms) / r.predicted_ms)
+
+
+def test_lp_prediction_equals_its_phase_one_optimum() -> None:
+    _dag, r = _solve(make_profile(ranks=4, microbatches=8), mode="lp", budget=0.15)
+    assert r.predicted_ms == pytest.approx(r.lp_bound_ms, rel=1e-6)
+    assert r.predicted_ms < r.baseline_ms
+
+
+def test_milp_between_lp_bound_and_heuristic() -> None:
+    p = make_profile(ranks=2, microbatches=4, groups=2)
+    _, lp = _solve(p, mode="lp", budget=0.1)
+    _, heur = _solve(p, mode="heuristic", budget=0.1)
+    _, milp = _solve(p, mode="milp", budget=0.1, time_limit=30, gap=0.0)
+    assert milp.status == "optimal"
+    assert lp.lp_bound_ms - 1e-6 <= milp.predicted_ms <= heur.predicted_ms + 1e-6
+    assert all(x == 1.0 for x in milp.frozen.values()), "milp answers are binary"
+
+
+def test_caps_and_budget_hold_for_integer_modes() -> None:
+    p = make_profile(ranks=4, microbatches=8, groups=3)
+    for mode in ("heuristic", "milp"):
+        _dag, r = _solve(p, mode=mode, budget=0.3, group_cap=0.5, time_limit=10)
+        counts: dict[tuple[int, int], int] = {}
+        for a, g in r.frozen:
+            counts[(a.stage, g)] = counts.get((a.stage, g), 0) + 1
+        assert max(counts.values()) <= math.floor(0.5 * 8)
+        assert r.signal_dropped <= 0.3 + 1e-9
+
+
+def test_budget_zero_is_the_baseline() -> None:
+    for mode in ("lp", "heuristic", "milp"):
+        _, r = _solve(make_profile(), mode=mode, budget=0.0)
+        assert r.frozen == {}
+        assert r.predicted_ms == pytest.approx(r.baseline_ms)
+        assert r.signal_dropped == 0.0
+
+
+def test_bigger_budget_never_slower() -> None:
+    p = make_profile(ranks=4, microbatches=8)
+    times = [_solve(p, mode="lp", budget=b)[1].predicted_ms for b in (0.0, 0.05, 0.1, 0.3)]
+    assert all(t2 <= t1 + 1e-6 for t1, t2 in itertools.pairwise(times))
+    assert times[-1] < times[0]
+
+
+def test_cbc_and_highs_agree() -> None:
+    p = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4)
+    _, a = _solve(p, mode="lp", solver="cbc", budget=0.1)
+    _, b = _solve(p, mode="lp", solver="highs", budget=0.1)
+    assert a.lp_bound_ms == pytest.approx(b.lp_bound_ms, rel=1e-6)
+    assert a.signal_dropped == pytest.approx(b.signal_dropped, abs=1e-5)
+
+
+def test_time_limit_is_reported_honestly() -> None:
+    """CBC stops on its time limit and PuLP says 'Optimal'; we must not."""
+    p = make_profile(ranks=8, microbatches=16, groups=4)
+    _, r = _solve(p, mode="milp", budget=0.1, time_limit=1.0, gap=0.0)
+    assert r.status in ("time_limit", "heuristic_fallback")
+    assert r.notes
+
+
+def test_deterministic() -> None:
+    p = make_profile(ranks=4, microbatches=8)
+    _, a = _solve(p, mode="milp", budget=0.1, time_limit=20)
+    _, b = _solve(p, mode="milp", budget=0.1, time_limit=20)
+    assert a.frozen == b.frozen and a.status == b.status
+
+
+def test_write_model_names_everything(tmp_path: Path) -> None:
+    out = tmp_path / "model.lp"
+    _solve(make_profile(), mode="lp", budget=0.1, write_model=out)
+    text = out.read_text()
+    for name in (
+        "prec_0F0_1F0",
+        "budget",
+        "groupcap_s0_g0",
+        "piece_s0_g0_k0",
+        "makespan",
+        "x_0B0_g0",
+        "t_0F0",
+    ):
+        assert name in text
+    phase2 = (tmp_path / "model.phase2.lp").read_text()
+    assert "makespan_limit" in phase2
+    _solve(make_profile(), mode="lp", budget=0.1, write_model=tmp_path / "model.mps")
+    assert (tmp_path / "model.mps").read_text().startswith("*")
+
+
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [
+        ({"budget": 1.5}, "--budget"),
+        ({"budget": float("nan")}, "--budget"),
+        ({"group_cap": -0.1}, "--group-cap"),
+        ({"stage_cap": 2.0}, "--stage-cap"),
+        ({"time_limit": 0}, "--time-limit"),
+        ({"mode": "exact"}, "unknown mode"),
+        ({"solver": "gurobi"}, "unknown solver"),
+    ],
+)
+def test_bad_options(kw: dict, msg: str) -> None:
+    with pytest.raises(InputError, match=msg):
+        _solve(make_profile(), **kw)
