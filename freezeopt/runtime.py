@@ -1,0 +1,248 @@
+"""The runtime controller: replays a schedule in training, watches the run, falls back on drift.
+
+Framework-free and small. Given a schedule and the stages one rank serves, it answers three
+questions per optimizer step: which parameter groups the backward of microbatch m of stage s
+skips (`frozen_groups`), by how much each group's accumulated gradient must be rescaled so it
+stays an unbiased mean over the microbatches that did update it (`grad_scales`: M/(M−k), or
+`None` for a group frozen in all M — its gradient stays `None` and the optimizer skips it), and,
+after the step, whether the run has drifted (`end_step`).
+
+Phases follow the schedule file: full updates for `warmup_steps`, then freezing, interrupted by a
+full-update window of `full_update_steps` every `full_update_every` steps. Drift rules (defaults in
+the schedule's `phases.drift`):
+
+* non-finite loss or gradient norm;
+* loss above its recent trend: the mean of the last 3 losses exceeds the median of the 20 losses
+  before them by more than `loss_rise` (relative);
+* gradient-norm spike: a group's norm exceeds `grad_norm_spike` × its median over the last 20 steps;
+* step time off the prediction: the median of the last 5 freezing steps' times differs from the
+  schedule's `predicted_ms` by more than `step_time_error` (relative; pass `step_ms=None` to skip).
+
+On drift the controller falls back to full updates for `fallback_steps` and records an event; with
+`rollback=True` it also asks the caller to restore the last checkpoint (`Decision.rollback`). Its
+state is a plain dict (`state_dict`/`load_state_dict`, torch's Stateful protocol) so a resumed run
+continues where it stopped. Events are plain dicts, ready for a JSONL log.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from freezeopt.errors import MismatchError
+from freezeopt.schedule import Schedule, parse_microbatches
+
+__all__ = ["Decision", "FreezeController"]
+
+_LOSS_WINDOW = 20
+_LOSS_RECENT = 3
+_GRAD_WINDOW = 20
+_TIME_WINDOW = 5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What `end_step` concluded."""
+
+    drift: tuple[str, ...] = ()
+    """Names of the rules that fired (empty: no drift)."""
+    rollback: bool = False
+    """The caller should restore the last checkpoint."""
+    events: tuple[dict[str, Any], ...] = ()
+    """Events to log (phase changes, drifts, fallbacks)."""
+
+
+@dataclass(slots=True)
+class _State:
+    step: int = -1
+    phase: str = "init"
+    fallback_until: int = -1
+    losses: deque[float] = field(default_factory=lambda: deque(maxlen=_LOSS_WINDOW + _LOSS_RECENT))
+    grad_norms: dict[str, deque[float]] = field(default_factory=dict)
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_TIME_WINDOW))
+    fallbacks: int = 0
+
+
+class FreezeController:
+    """Replays `schedule` for the stages in `stages` (the ones this rank runs)."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        *,
+        stages: Sequence[int],
+        rescale: bool = True,
+        rollback: bool = False,
+    ) -> None:
+        pipe = schedule.pipeline
+        bad = [s for s in stages if not 0 <= s < pipe.n_stages]
+        if bad:
+            raise MismatchError(f"stage {bad[0]} is not in the schedule's {pipe.n_stages} stages")
+        self.schedule = schedule
+        self.stages = tuple(stages)
+        self.rescale = rescale
+        self.rollback = rollback
+        self.n_microbatches = pipe.n_microbatches
+        # (stage, microbatch) → frozen group indices; only whole-group freezes are replayed
+        self._plan: dict[tuple[int, int], frozenset[int]] = {}
+        for s in self.stages:
+            names = pipe.groups[s]
+            per_mb: dict[int, set[int]] = {}
+            for name, mbs in schedule.frozen.get(s, {}).items():
+                for m in parse_microbatches(mbs, self.n_microbatches):
+                    per_mb.setdefault(m, set()).add(names.index(name))
+            for m, gs in per_mb.items():
+                self._plan[(s, m)] = frozenset(gs)
+        self._state = _State()
+
+    # -- per step -------------------------------------------------------------------------
+    def begin_step(self, step: int) -> list[dict[str, Any]]:
+        """Enter optimizer step `step`; returns phase-change events."""
+        st = self._state
+        st.step = step
+        phase = self._phase_of(step)
+        events = []
+        if phase != st.phase:
+            events.append({"step": step, "event": "phase", "from": st.phase, "to": phase})
+            st.phase = phase
+        return events
+
+    @property
+    def phase(self) -> str:
+        """`warmup`, `freeze`, `full_window` or `fallback`."""
+        return self._state.phase
+
+    @property
+    def freezing(self) -> bool:
+        """True when this step replays the schedule."""
+        return self._state.phase == "freeze"
+
+    def frozen_groups(self, stage: int, microbatch: int) -> frozenset[int]:
+        """Group indices whose weight gradients the backward of (stage, microbatch) skips."""
+        if not self.freezing:
+            return frozenset()
+        return self._plan.get((stage, microbatch), frozenset())
+
+    def grad_scales(self, stage: int) -> dict[int, float | None]:
+        """Per group frozen in some microbatch this step: the gradient factor, or None if frozen in all."""
+        if not self.freezing:
+            return {}
+        m = self.n_microbatches
+        counts: dict[int, int] = {}
+        for mb in range(m):
+            for g in self._plan.get((stage, mb), ()):
+                counts[g] = counts.get(g, 0) + 1
+        out: dict[int, float | None] = {}
+        for g, k in counts.items():
+            if k >= m:
+                out[g] = None
+            elif self.rescale:
+                out[g] = m / (m - k)
+        return out
+
+    def end_step(
+        self,
+        *,
+        loss: float,
+        grad_norms: Mapping[str, float] | None = None,
+        step_ms: float | None = None,
+    ) -> Decision:
+        """Record the step's loss, per-group gradient norms and step time; check the drift rules."""
+        st, drift_cfg = self._state, self.schedule.phases.drift
+        fired: list[str] = []
+        norms = dict(grad_norms or {})
+        if not math.isfinite(loss) or any(not math.isfinite(v) for v in norms.values()):
+            fired.append("nonfinite")
+        else:
+            if len(st.losses) >= _LOSS_WINDOW // 2 + _LOSS_RECENT:
+                hist = list(st.losses)
+                recent = [*hist[-(_LOSS_RECENT - 1) :], loss]
+                ref = statistics.median(hist[: -(_LOSS_RECENT - 1)])
+                if ref > 0 and statistics.fmean(recent) > ref * (1 + drift_cfg.loss_rise):
+                    fired.append("loss_rise")
+            for name, v in norms.items():
+                hist_g = st.grad_norms.get(name)
+                if hist_g is not None and len(hist_g) >= _GRAD_WINDOW // 2:
+                    med = statistics.median(hist_g)
+                    if med > 0 and v > drift_cfg.grad_norm_spike * med:
+                        fired.append(f"grad_norm_spike:{name}")
+            if step_ms is not None and self.freezing:
+                st.step_times.append(step_ms)
+                pred = self.schedule.prediction.predicted_ms
+                if len(st.step_times) == _TIME_WINDOW and pred > 0:
+                    med_t = statistics.median(st.step_times)
+                    if abs(med_t - pred) / pred > drift_cfg.step_time_error:
+                        fired.append("step_time")
+        if math.isfinite(loss) and not fired:
+            st.losses.append(loss)
+            for name, v in norms.items():
+                st.grad_norms.setdefault(name, deque(maxlen=_GRAD_WINDOW)).append(v)
+        events: list[dict[str, Any]] = []
+        if fired:
+            st.fallbacks += 1
+            st.fallback_until = st.step + drift_cfg.fallback_steps
+            st.step_times.clear()
+            events.append(
+                {
+                    "step": st.step,
+                    "event": "drift",
+                    "rules": fired,
+                    "loss": loss if math.isfinite(loss) else str(loss),
+                    "fallback_until": st.fallback_until,
+                    "rollback": self.rollback,
+                }
+            )
+        return Decision(
+            drift=tuple(fired), rollback=bool(fired) and self.rollback, events=tuple(events)
+        )
+
+    @property
+    def fallbacks(self) -> int:
+        """How many times drift made the controller fall back."""
+        return self._state.fallbacks
+
+    # -- phases ---------------------------------------------------------------------------
+    def _phase_of(self, step: int) -> str:
+        ph = self.schedule.phases
+        if step < ph.warmup_steps:
+            return "warmup"
+        if step <= self._state.fallback_until:
+            return "fallback"
+        if not self._plan:
+            return "full_window"
+        if ph.full_update_every > 0:
+            since = step - ph.warmup_steps
+            if since > 0 and since % ph.full_update_every < ph.full_update_steps:
+                return "full_window"
+        return "freeze"
+
+    # -- checkpointing --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data state (torch's Stateful protocol)."""
+        st = self._state
+        return {
+            "step": st.step,
+            "phase": st.phase,
+            "fallback_until": st.fallback_until,
+            "losses": list(st.losses),
+            "grad_norms": {k: list(v) for k, v in st.grad_norms.items()},
+            "step_times": list(st.step_times),
+            "fallbacks": st.fallbacks,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()` output."""
+        st = _State()
+        st.step = int(state["step"])
+        st.phase = str(state["phase"])
+        st.fallback_until = int(state["fallback_until"])
+        st.losses.extend(float(x) for x in state["losses"])
+        for k, v in state["grad_norms"].items():
+            st.grad_norms[k] = deque((float(x) for x in v), maxlen=_GRAD_WINDOW)
+        st.step_times.extend(float(x) for x in state["step_times"])
+        st.fallbacks = int(state["fallbacks"])
+        self._state = st

@@ -1,0 +1,145 @@
+"""The framework-free controller: phases, gradient scales, drift rules, checkpointable state."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from freezeopt.dag import build_dag
+from freezeopt.errors import MismatchError
+from freezeopt.profile_file import profile_sha256
+from freezeopt.runtime import FreezeController
+from freezeopt.schedule import Drift, Phases, schedule_from_result
+from freezeopt.sensitivity import estimate_signal
+from freezeopt.solve import SolveOptions, solve
+from tests.conftest import make_profile
+
+
+def _schedule(phases: Phases | None = None, **kw):
+    p = make_profile(ranks=2, microbatches=4, groups=2)
+    opts = SolveOptions(mode="heuristic", budget=0.5, group_cap=1.0, **kw)
+    dag = build_dag(p)
+    r = solve(dag, estimate_signal(p), opts)
+    return schedule_from_result(
+        r,
+        profile=p,
+        profile_sha256=profile_sha256(p),
+        dag=dag,
+        opts=opts,
+        phases=phases or Phases(warmup_steps=2, full_update_every=5),
+    )
+
+
+def _with_frozen(sched, frozen):
+    return dataclasses.replace(sched, frozen=frozen)
+
+
+def test_phases_follow_the_schedule() -> None:
+    sched = _with_frozen(_schedule(), {0: {"s0.g0": "0-1"}})
+    c = FreezeController(sched, stages=[0])
+    phases = []
+    for step in range(13):
+        c.begin_step(step)
+        phases.append(c.phase)
+    assert phases[:2] == ["warmup", "warmup"]
+    assert phases[2] == "freeze"
+    assert phases[7] == "full_window" and phases[12] == "full_window"  # warmup 2 + every 5
+    assert phases.count("full_window") == 2
+
+
+def test_frozen_groups_and_grad_scales() -> None:
+    sched = _with_frozen(_schedule(), {0: {"s0.g0": "0-1", "s0.g1": "0-3"}})
+    c = FreezeController(sched, stages=[0])
+    c.begin_step(0)
+    assert c.frozen_groups(0, 0) == frozenset()  # warm-up: nothing frozen
+    assert c.grad_scales(0) == {}
+    c.begin_step(3)
+    assert c.frozen_groups(0, 0) == frozenset({0, 1})
+    assert c.frozen_groups(0, 2) == frozenset({1})
+    assert c.grad_scales(0) == {0: pytest.approx(4 / 2), 1: None}
+    assert FreezeController(sched, stages=[0], rescale=False).grad_scales(0) == {}
+
+
+def test_rescale_off_keeps_all_frozen_none() -> None:
+    sched = _with_frozen(_schedule(), {0: {"s0.g0": "0-1", "s0.g1": "0-3"}})
+    c = FreezeController(sched, stages=[0], rescale=False)
+    c.begin_step(3)
+    assert c.grad_scales(0) == {1: None}
+
+
+def _drive(c: FreezeController, losses, start=0, norms=None):
+    out = []
+    for i, loss in enumerate(losses):
+        c.begin_step(start + i)
+        out.append(c.end_step(loss=loss, grad_norms=norms(i) if norms else None))
+    return out
+
+
+def test_loss_rise_falls_back_for_a_window() -> None:
+    sched = _with_frozen(
+        _schedule(Phases(warmup_steps=0, full_update_every=0, drift=Drift(fallback_steps=4))),
+        {0: {"s0.g0": "0"}},
+    )
+    c = FreezeController(sched, stages=[0])
+    decisions = _drive(c, [3.0 - 0.01 * i for i in range(25)])
+    assert not any(d.drift for d in decisions)
+    d = _drive(c, [4.0], start=25)[0]
+    assert d.drift == ("loss_rise",) and d.events[0]["event"] == "drift"
+    c.begin_step(26)
+    assert c.phase == "fallback" and c.frozen_groups(0, 0) == frozenset()
+    c.begin_step(30)
+    assert c.phase == "freeze"
+    assert c.fallbacks == 1
+
+
+def test_nonfinite_and_spikes() -> None:
+    sched = _with_frozen(
+        _schedule(Phases(warmup_steps=0, full_update_every=0)), {0: {"s0.g0": "0"}}
+    )
+    c = FreezeController(sched, stages=[0], rollback=True)
+    assert _drive(c, [math.nan])[0].drift == ("nonfinite",)
+    assert _drive(c, [1.0], start=1, norms=lambda i: {"s0.g0": math.inf})[0].rollback
+    c2 = FreezeController(sched, stages=[0])
+    _drive(c2, [1.0] * 15, norms=lambda i: {"s0.g0": 1.0 + 0.01 * (i % 3)})
+    d = _drive(c2, [1.0], start=15, norms=lambda i: {"s0.g0": 50.0})[0]
+    assert d.drift == ("grad_norm_spike:s0.g0",) and not d.rollback
+
+
+def test_step_time_off_the_prediction() -> None:
+    sched = _with_frozen(
+        _schedule(Phases(warmup_steps=0, full_update_every=0)), {0: {"s0.g0": "0"}}
+    )
+    pred = sched.prediction.predicted_ms
+    c = FreezeController(sched, stages=[0])
+    for step in range(5):
+        c.begin_step(step)
+        assert not c.end_step(loss=1.0, step_ms=pred * 1.05).drift
+    c = FreezeController(sched, stages=[0])
+    fired = []
+    for step in range(5):
+        c.begin_step(step)
+        fired.append(c.end_step(loss=1.0, step_ms=pred * 2).drift)
+    assert fired[-1] == ("step_time",) and not any(fired[:-1])
+
+
+def test_state_round_trips_and_resumes_identically() -> None:
+    sched = _with_frozen(
+        _schedule(Phases(warmup_steps=0, full_update_every=0)), {0: {"s0.g0": "0"}}
+    )
+    losses = [2.0 - 0.01 * i for i in range(30)] + [3.0] + [1.5] * 10
+    a = FreezeController(sched, stages=[0])
+    full = _drive(a, losses)
+    b = FreezeController(sched, stages=[0])
+    _drive(b, losses[:20])
+    c = FreezeController(sched, stages=[0])
+    c.load_state_dict(b.state_dict())
+    resumed = _drive(c, losses[20:], start=20)
+    assert [d.drift for d in full[20:]] == [d.drift for d in resumed]
+    assert c.state_dict() == a.state_dict()
+
+
+def test_unknown_stage() -> None:
+    with pytest.raises(MismatchError, match="stage 9"):
+        FreezeController(_schedule(), stages=[9])
