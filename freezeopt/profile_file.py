@@ -37,6 +37,7 @@ __all__ = [
     "RankProfile",
     "StageProfile",
     "Stat",
+    "TimelineEntry",
     "dump_profile",
     "load_profile",
     "profile_json_schema",
@@ -150,6 +151,21 @@ class GradientTrace:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TimelineEntry:
+    """When one action ran in a measured step (wall clock, ms from the step's start)."""
+
+    __pydantic_config__ = _CONFIG
+    action: Annotated[str, Field(pattern=r"^\d+[FBIW]\d+$")]
+    """The action in torch's notation."""
+    rank: Count
+    """The rank that ran it."""
+    start_ms: NonNeg
+    """Start, ms after the step started (the earliest rank's start)."""
+    end_ms: NonNeg
+    """End, ms after the step started."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Pipeline:
     """The pipeline the profile describes."""
 
@@ -218,6 +234,9 @@ class Profile:
     """Measured wall time of one optimizer step, where measured."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form extras (e.g. the profiler's self-check); ignored by `solve`."""
+    timeline: tuple[TimelineEntry, ...] = ()
+    """Measured wall-clock start and end of every action in one representative step (the measured
+    step with the median step time), for measured-versus-simulated Gantt charts; empty for synth."""
 
     def stage_groups(self, stage: int) -> tuple[GroupProfile, ...]:
         """The parameter groups of `stage`."""

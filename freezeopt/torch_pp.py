@@ -185,3 +185,173 @@ def _record_single(
         mbs = [()] * n_microbatches
         sched._step_microbatches(mbs, [{}] * n_microbatches, [None] * n_microbatches, [])
     return tuple(log)
+
+
+# --- Running a schedule (used by `freezeopt.profile`) -------------------------------------------
+#
+# The profiler needs three more things from torch's private code, kept here with the rest:
+# building a schedule object for a rank (a `_PipelineScheduleRuntime` loaded from CSV for custom
+# orders), checking a CSV order the way torch will (`_validate_schedule` and the send/recv
+# lowering, which is where a deadlocking order fails), and routing a stage's compute methods
+# (`forward_one_chunk`, `backward_one_chunk`, `backward_weight_one_chunk`) through a timer.
+#
+# torch 2.13 facts these rely on (each covered by tests/test_profile.py):
+# * in split-backward schedules stage 0's `backward_one_chunk(full_backward=False)` computes
+#   nothing and its `backward_weight_one_chunk` runs the whole backward (I ≈ 0, W ≈ B);
+# * `_PipelineScheduleRuntime` runs OVERLAP_F_B sub-actions in order through the same methods;
+# * `schedule.eval()` fails on V schedules (ZBVZeroBubble, DualPipeV: "can't steal_bwd_input if
+#   this stage doesn't have backward"), so validation forwards are run outside the schedule.
+
+
+def csv_schedule_actions(
+    path: str, *, world_size: int, n_microbatches: int
+) -> tuple[tuple[Action, ...], ...]:
+    """Per-rank compute actions of a CSV schedule, checked the way torch will check it at run time.
+
+    Raises InputError (one line) when the rows do not match `world_size`, when torch's own
+    validation rejects the order, or when its send/recv lowering finds the order deadlocks.
+    """
+    import csv
+
+    from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _validate_schedule
+    from torch.distributed.pipelining.schedules import _ComputationType as C
+
+    try:
+        with open(path, newline="") as f:
+            rows = [[c.strip() for c in row if c.strip()] for row in csv.reader(f)]
+    except FileNotFoundError:
+        raise InputError(
+            f"schedule CSV {path} not found; give a path relative to the job file"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read schedule CSV {path}: {e}") from None
+    if len(rows) != world_size:
+        raise InputError(
+            f"schedule CSV {path} has {len(rows)} rows but the job has {world_size} ranks; write one row per rank"
+        )
+    try:
+        order = {r: [_Action.from_str(c) for c in row] for r, row in enumerate(rows)}
+    except (ValueError, RuntimeError, AssertionError) as e:
+        raise InputError(
+            f"schedule CSV {path}: {str(e).splitlines()[0]}; write actions like 0F0,0B0 or 1I2,1W2"
+        ) from None
+    compute = {C.FORWARD, C.FULL_BACKWARD, C.BACKWARD_INPUT, C.BACKWARD_WEIGHT}
+    out: list[tuple[Action, ...]] = []
+    for r in range(world_size):
+        acts = []
+        for a in order[r]:
+            if a.computation_type not in compute or a.microbatch_index is None:
+                raise InputError(
+                    f"schedule CSV {path}, row {r + 1}: {a} is not a compute action; list only F, B, I and W actions"
+                )
+            acts.append(Action(a.stage_index, _kind(a.computation_type), a.microbatch_index))
+        out.append(tuple(acts))
+    n_stages = 1 + max((a.stage for acts in out for a in acts), default=-1)
+    try:
+        stage_to_rank = _validate_schedule(dict(order), world_size, n_stages, n_microbatches)
+        _add_send_recv(
+            {r: list(v) for r, v in order.items()},
+            stage_to_rank=lambda s: stage_to_rank[s],
+            num_stages=n_stages,
+        )
+    except (AssertionError, ValueError, KeyError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Malformed compute schedule" in msg:
+            msg = (
+                "the order deadlocks (a rank waits for an action that comes later on another rank)"
+            )
+        raise InputError(
+            f"torch rejects schedule CSV {path} ({world_size} ranks, {n_microbatches} microbatches): {msg}"
+        ) from None
+    return tuple(out)
+
+
+def build_schedule(
+    schedule: str,
+    stages: list[Any],
+    *,
+    n_microbatches: int,
+    loss_fn: Any,
+    scale_grads: bool,
+    csv_path: str | None = None,
+) -> Any:
+    """torch's schedule object for one rank's `stages` (PipelineStage objects, in stage order).
+
+    `schedule` is a torch schedule name; with `csv_path` it is ignored and a
+    `_PipelineScheduleRuntime` runs the CSV's order (torch inserts the sends and receives).
+    """
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime, get_schedule_class
+
+    if csv_path is not None:
+        rt = _PipelineScheduleRuntime(
+            stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads
+        )
+        rt._load_csv(csv_path)
+        return rt
+    cls = get_schedule_class(schedule)
+    if schedule in _SINGLE:
+        if len(stages) != 1:
+            raise InputError(f"{schedule} runs one stage per rank; set stages_per_rank to 1")
+        return cls(stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
+    return cls(stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
+
+
+def instrument_stage(stage: Any, around: Any) -> None:
+    """Route `stage`'s compute calls through `around(kind, microbatch, run)`, which must call `run()`.
+
+    `kind` is `F` (forward_one_chunk), `B` or `I` (backward_one_chunk with full_backward True or
+    False) or `W` (backward_weight_one_chunk). Patches the instance only; the class is untouched.
+    """
+    import inspect
+
+    for meth in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        orig = getattr(stage, meth)
+        sig = inspect.signature(orig)
+
+        def wrapped(
+            *args: Any, _orig: Any = orig, _meth: str = meth, _sig: Any = sig, **kwargs: Any
+        ) -> Any:
+            bound = _sig.bind(*args, **kwargs)
+            mb = int(bound.arguments[next(iter(_sig.parameters))])
+            if _meth == "forward_one_chunk":
+                kind: Kind = "F"
+            elif _meth == "backward_weight_one_chunk":
+                kind = "W"
+            else:
+                kind = "B" if bound.arguments.get("full_backward", True) else "I"
+            return around(kind, mb, lambda: _orig(*args, **kwargs))
+
+        setattr(stage, meth, wrapped)
+
+
+def split_backward(
+    outputs: list[Any], output_grads: list[Any] | None, inputs: list[Any], params: list[Any]
+) -> Any:
+    """Run torch's backward-input step (`I`) on a fresh graph; return `weight(active)`, its `W` step.
+
+    `weight(active)` runs torch's `stage_backward_weight` for `params[i]`, i in `active`, only —
+    the way a runtime skips frozen groups in `W` (torch's own parameter groups, restricted to the
+    active parameters; empty groups dropped, as `autograd.grad` rejects empty inputs). Call it once.
+    Gradients accumulate into `.grad` as in the pipeline.
+    """
+    from torch.distributed.pipelining._backward import (
+        _get_grad_fn_or_grad_acc,
+        stage_backward_input,
+        stage_backward_weight,
+    )
+
+    _, groups = stage_backward_input(outputs, output_grads, inputs, iter(params))
+    nodes = [_get_grad_fn_or_grad_acc(p) for p in params]
+
+    def weight(active: Any) -> None:
+        keep = {nodes[i] for i in active}
+        restricted = []
+        for g in groups:
+            sub = dict(g)
+            sub["params"] = {n for n in g["params"] if n in keep}
+            if sub["params"]:
+                restricted.append(sub)
+        if restricted:
+            stage_backward_weight(iter(params), restricted)
+
+    return weight
