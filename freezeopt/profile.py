@@ -133,6 +133,8 @@ _MIN_LAG_SAMPLES = 3
 _COST_WARMUP_ROUNDS = 2
 _LAG_WARMUP = 5
 _PHASES = ("start", "setup", "validation", "warmup", "measure", "costs", "lags", "done")
+_STARTUP_GRACE_S = 120.0
+_FIT_MARGIN = 1e-4
 _BEAT_FIELDS = 8  # per rank: time, units done, phase, computing, stage, kind, microbatch, step
 _KINDS = "FBIW"
 
@@ -1314,7 +1316,7 @@ def _supervise(
             raise _failure(errors, logdir)
         views = [_read_beat(beat_arr, r) for r in range(world)]
         live = [r for r in range(world) if r not in results]
-        stale = [r for r in live if now - views[r].ts > job.hang_timeout_s]
+        stale = [r for r in live if now - views[r].ts > _hang_limit(job, views[r])]
         stuck = [r for r in stale if views[r].computing]
         if stuck or (live and len(stale) == len(live)):
             raise _hang(job, views, stuck or stale, live, logdir)
@@ -1329,6 +1331,13 @@ def _supervise(
         slowest = min(views, key=lambda v: v.units)
         update(slowest.units, slowest.phase)
     return [results[r] for r in range(world)]
+
+
+def _hang_limit(job: Job, view: _BeatView) -> float:
+    """How long a rank may go without a heartbeat: starting Python and torch gets at least 2 minutes."""
+    return (
+        max(job.hang_timeout_s, _STARTUP_GRACE_S) if view.phase == "start" else job.hang_timeout_s
+    )
 
 
 def _failure(errors: dict[int, tuple[float, int, str, str, bool]], logdir: Path) -> FreezeoptError:
@@ -1357,7 +1366,11 @@ def _hang(
         f"in action {v.action} of step {v.step}" if v.computing else f"in {v.phase} (step {v.step})"
     )
     others = [k for k in live if k != r]
-    tail = f"; ranks {', '.join(map(str, others))} were waiting" if others else ""
+    tail = ""
+    if len(others) == 1:
+        tail = f"; rank {others[0]} was waiting"
+    elif others:
+        tail = f"; ranks {', '.join(map(str, others))} were waiting"
     return RankFailedError(
         f"rank {r} hung {doing}: no progress for {job.hang_timeout_s:g} s{tail}; every rank was stopped and no "
         f"profile was written (raise hang_timeout_s if actions really take that long; rank log: {logdir / f'rank{r}.log'})",
@@ -1554,8 +1567,9 @@ def _assemble(
         wb = [cost_med[a] for a in all_actions if a.stage == s and a.kind in ("B", "W")]
         cap = min(wb) if wb else total
         scale = 1.0
-        if total > cap > 0:
-            scale = cap / total
+        fit = cap * (1 - _FIT_MARGIN)  # the file rounds to 6 digits; keep the sum safely below the action
+        if total > fit > 0:
+            scale = fit / total
             warnings.append(
                 f"stage {s}: group costs ({total:.2f} ms) exceeded its fastest weight-gradient action "
                 f"({cap:.2f} ms); scaled by {scale:.3f}"
