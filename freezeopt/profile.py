@@ -79,8 +79,8 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -94,6 +94,7 @@ from freezeopt.job import (
     add_search_path,
     job_sha256,
     load_job,
+    replace_job,
     resolve_data,
     resolve_groups,
     resolve_model,
@@ -213,6 +214,12 @@ class ProfileReport:
     wall_s: float
     """How long profiling took."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (for `--json`)."""
+        d = asdict(self)
+        d["path"] = None if self.path is None else str(self.path)
+        return d
+
 
 def profile_job(
     job_path_or_spec: str | Path | Job,
@@ -220,10 +227,12 @@ def profile_job(
     out: Path,
     progress: bool = True,
     fault: str | Fault | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> ProfileReport:
     """Run the job for real, measure it, write the profile to `out` and return a summary.
 
-    `job_path_or_spec`: a YAML file, a built-in job name (`tiny-gpt`) or a `Job`. Spawns
+    `job_path_or_spec`: a YAML file, a built-in job name (`tiny-gpt`) or a `Job`; `overrides`
+    replaces job fields (e.g. `{"schedule": "ZBVZeroBubble", "stages_per_rank": 2}`). Spawns
     `job.ranks` processes, unless running under torchrun (RANK and WORLD_SIZE set), where this
     process is one rank and rank 0 writes the file. Raises InputError for a bad job and
     RankFailedError when a rank crashes or hangs; no file is written then.
@@ -236,6 +245,8 @@ def profile_job(
         job = load_job(job_path_or_spec)
         p = Path(job_path_or_spec)
         job_file = p if p.exists() else None
+    if overrides:
+        job = replace_job(job, **overrides)
     add_search_path(job_file)
     if fault is None and os.environ.get("FREEZEOPT_FAULT"):
         fault = os.environ["FREEZEOPT_FAULT"]
@@ -372,10 +383,17 @@ def _preflight(job: Job, plan: _Plan) -> None:
     """Catch a bad model function before any process starts (built on the meta device: no memory)."""
     import torch
 
-    if job.device == "cuda" and not torch.cuda.is_available():
-        raise InputError(
-            "the job asks for device cuda, but torch sees no CUDA device; set device: cpu"
-        )
+    if job.device == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(
+                "the job asks for device cuda, but torch sees no CUDA device; set device: cpu"
+            )
+        n_gpu = torch.cuda.device_count()
+        if not _in_torchrun() and job.ranks > n_gpu:
+            raise InputError(
+                f"nccl needs one GPU per rank: the job has {job.ranks} ranks but torch sees {n_gpu} GPU(s); "
+                f"set ranks to at most {n_gpu} (or run under torchrun across hosts)"
+            )
     model_fn = resolve_model(job)
     resolve_data(job)
     try:
@@ -787,12 +805,13 @@ class _Runner:
             if job.gradient_traces:
                 norms = self._combine_grads()
             before = [p.detach().clone() for s in self.my for p in self.params[s]]
-            oc = self.clock.start()
+            tok = self.clock.start()
             ow = time.perf_counter()
             self.opt.step()
+            opt_cost = self.clock.stop(tok)
             self.clock.sync()
             ow = time.perf_counter() - ow
-            oc = self.clock.resolve(self.clock.stop(oc))
+            oc = self.clock.resolve(opt_cost)
             pert = self._apf(before)
             if self.has_last:
                 losses.append(float(torch.stack([lo.detach().float() for lo in mb_losses]).mean()))
@@ -1093,7 +1112,7 @@ def _rank_device(job: Job, local_rank: int) -> Any:
     import torch
 
     if job.device == "cuda":
-        dev = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+        dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
         return dev
     torch.set_num_threads(1)
@@ -1567,7 +1586,8 @@ def _assemble(
         wb = [cost_med[a] for a in all_actions if a.stage == s and a.kind in ("B", "W")]
         cap = min(wb) if wb else total
         scale = 1.0
-        fit = cap * (1 - _FIT_MARGIN)  # the file rounds to 6 digits; keep the sum safely below the action
+        # the file rounds to 6 digits: keep the sum safely below the action
+        fit = cap * (1 - _FIT_MARGIN)
         if total > fit > 0:
             scale = fit / total
             warnings.append(

@@ -5,6 +5,8 @@ Nothing here starts a process: bad specs must be rejected before any rank is spa
 
 from __future__ import annotations
 
+import math
+import re
 import sysconfig
 from pathlib import Path
 
@@ -289,3 +291,31 @@ def test_stdlib_corpus_is_real_deterministic_text_with_a_disjoint_validation_spl
     assert prov["python"].count(".") == 2 and prov["train_bytes"] == 200_000
     vx, vy = d1.val(0)
     assert torch.equal(vx, d2.val(0)[0]) and torch.equal(vx[:, 1:], vy[:, :-1])
+
+
+def test_the_documented_user_model_example_is_valid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/profiling.md's `mymodel.py` and `my-job.yaml` are a working pair."""
+    import yaml
+
+    from freezeopt.profile import _check_parts, _plan
+
+    doc = (REPO / "docs" / "profiling.md").read_text()
+    blocks = re.findall(r"```(python|yaml)\n(.*?)```", doc, flags=re.S)
+    code = next(body for lang, body in blocks if lang == "python" and "def build(" in body)
+    spec = next(body for lang, body in blocks if lang == "yaml" and "mymodel:build" in body)
+    (tmp_path / "mymodel.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = parse_job(yaml.safe_load(spec), source="docs")
+    parts = resolve_model(job)(n_stages=2, seq_len=job.seq_len, **job.model_args)
+    groups = _check_parts(job, _plan(job), parts)
+    assert [g for g, _ in groups[0]] == ["embed", "mix"] and [g for g, _ in groups[1]] == [
+        "hidden",
+        "head",
+    ]
+    x, y = stdlib_bytes(
+        batch_size=2, seq_len=8, seed=0, max_train_bytes=10_000, max_val_bytes=5_000
+    ).train(0)
+    loss = parts.loss_fn(parts.stages[1](parts.stages[0](x)), y)
+    assert loss.ndim == 0 and math.isfinite(float(loss.detach()))
