@@ -71,6 +71,7 @@ import os
 import platform
 import queue as queue_mod
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -136,6 +137,7 @@ _LAG_WARMUP = 5
 _PHASES = ("start", "setup", "validation", "warmup", "measure", "costs", "lags", "done")
 _STARTUP_GRACE_S = 120.0
 _FIT_MARGIN = 1e-4
+_OTHERS_BUSY = 0.1  # cores: other processes busier than this make timings unreliable
 _BEAT_FIELDS = 8  # per rank: time, units done, phase, computing, stage, kind, microbatch, step
 _KINDS = "FBIW"
 
@@ -179,7 +181,7 @@ class ProfileReport:
     """The summary of one profiling run (the profile file holds everything)."""
 
     path: Path | None
-    """Where the profile was written (None on torchrun ranks other than 0 … it is rank 0's path)."""
+    """Where the profile was written (under torchrun: by rank 0; every rank gets its report)."""
     job: str
     schedule: str
     world_size: int
@@ -259,7 +261,10 @@ def profile_job(
     if _in_torchrun():
         return _profile_torchrun(job, plan, out=out, fault=flt, t_start=t_start, progress=progress)
     host = _host_info()
+    before = _cpu_snapshot()
+    t_run = time.monotonic()
     results = _launch_local(job, plan, fault=flt, progress=progress)
+    host.update(_other_cpu(before, _cpu_snapshot(), time.monotonic() - t_run))
     host["load_avg_after"] = _load_avg()
     profile, report = _assemble(
         job, plan, results, out=out, host=host, wall_s=time.monotonic() - t_start
@@ -1451,6 +1456,29 @@ def _load_avg() -> tuple[float, float, float] | None:
         return None
 
 
+def _cpu_snapshot() -> tuple[float, float] | None:
+    """(busy CPU-seconds of the whole machine, CPU-seconds of this process and its reaped children)."""
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = v[0] + v[1] + v[2] + sum(v[5:8])  # user, nice, system, irq, softirq, steal
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ours = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return busy / os.sysconf("SC_CLK_TCK"), ours
+
+
+def _other_cpu(
+    before: tuple[float, float] | None, after: tuple[float, float] | None, wall: float
+) -> dict[str, Any]:
+    """CPU time other processes used while the ranks ran (Linux; empty elsewhere)."""
+    if before is None or after is None or wall <= 0:
+        return {}
+    other = max(0.0, (after[0] - before[0]) - (after[1] - before[1]))
+    return {"other_cpu_s": other, "other_cpu_cores": other / wall}
+
+
 def _host_info() -> dict[str, Any]:
     try:
         usable = len(os.sched_getaffinity(0))
@@ -1517,6 +1545,12 @@ def _assemble(
     n_steps = job.measure_steps
     run = _collect(plan, results, n_steps)
     warnings: list[str] = [w for r in results for w in r.warnings]
+    others = host.get("other_cpu_cores")
+    if others is not None and others > _OTHERS_BUSY:
+        warnings.append(
+            f"other processes kept {others:.2f} cores busy during the run; timings are unreliable, "
+            "re-profile on a quiet machine"
+        )
 
     # executed order versus the schedule
     mismatches: list[str] = []
@@ -1787,10 +1821,18 @@ def _explain(
 ) -> str:
     cores = host.get("usable_cpus") or host.get("cpus") or 1
     wall_err = (predicted_wall - measured) / measured if measured > 0 else 0.0
-    if inflation > 1.1:
+    others = host.get("other_cpu_cores")
+    busy = (
+        f"other processes kept {others:.2f} cores busy during the run" if others is not None else ""
+    )
+    if inflation > 1.1 or (others is not None and others > _OTHERS_BUSY):
         why = f"actions took {inflation:.2f}× longer in wall time than in CPU time"
         if world > cores:
             why += f": {world} ranks share {cores} cores, so each rank waits for a core while its CPU time is what the DAG uses"
+            if others is not None and others > _OTHERS_BUSY:
+                why += f", and {busy}"
+        elif busy:
+            why += f": {busy} (measure on a quiet machine)"
         else:
             why += f": the CPU was shared with other processes (load average before the run: {host.get('load_avg_before')})"
         return f"{why}; with wall-clock durations the DAG predicts {predicted_wall:.1f} ms ({wall_err * 100:+.1f} %)"

@@ -388,3 +388,43 @@ def test_fault_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         profile_job(small_job(), out=tmp_path / "x.json", progress=False)
     assert str(e.value).startswith("rank 0 failed in step 1")
     shutil.rmtree(_log_of(str(e.value)).parent)
+
+
+# --- under torchrun ----------------------------------------------------------------------------------
+
+TORCHRUN_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+from freezeopt.profile import profile_job
+
+if __name__ == "__main__":
+    overrides = json.loads(sys.argv[2])
+    report = profile_job("tiny-gpt", out=Path(sys.argv[1]), progress=False, overrides=overrides)
+    print(f"rank {os.environ['RANK']} report {report.path} {report.world_size}")
+"""
+
+
+def test_under_torchrun(tmp_path: Path) -> None:
+    """Each torchrun process is one rank; rank 0 writes the file and every rank gets the report."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    out = tmp_path / "tr.json"
+    overrides = dict(SMALL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(out),
+        json.dumps(overrides),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"rank 0 report {out} 2" in proc.stdout and f"rank 1 report {out} 2" in proc.stdout
+    p = load_profile(out)
+    check_consistent(p, small_job())
