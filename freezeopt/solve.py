@@ -13,12 +13,17 @@ exactly. The budget: `Σ ℓ_sg ≤ ε`. An optional per-stage cap bounds the me
 The objective is lexicographic, in two solves rather than a big-M constant: phase 1 minimises `T`;
 phase 2 minimises the signal dropped `Σ ℓ` subject to `T ≤ (1 + tolerance)·T1`.
 
-Modes: `milp` (binary x, time-limited, warm-started from the heuristic), `lp` (x ∈ [0,1], the
-continuous relaxation; with one group per stage, `flat` sensitivity, no budget and a per-stage cap
-it is TimelyFreeze's LP), and `heuristic` (round the LP's phase-2 solution down per group, then
-greedily freeze more on the critical path while the budget allows). Every mode reports the
-no-freeze step time, the all-frozen floor, the LP bound and the step time the list-scheduling
-simulator gives for the answer.
+Modes: `milp` (binary x, warm-started from the heuristic), `lp` (x ∈ [0,1], the continuous
+relaxation; with one group per stage, `flat` sensitivity, no budget and a per-stage cap it is
+TimelyFreeze's LP), and `heuristic` (round the LP's phase-2 solution down per group, then greedily
+freeze more on the critical path while the budget allows). `time_limit` bounds the whole solve.
+Every mode reports the no-freeze step time, the all-frozen floor, the LP bound and the step time
+the list-scheduling simulator gives for the answer.
+
+Sparse throughout: one row per DAG edge, and the per-group count `k_sg` is its own variable, so the
+piecewise-linear pieces hold two nonzeros each rather than every microbatch's `x`. With HiGHS,
+phase 2 re-solves the phase-1 model in place (new objective, `T` bounded), starting from phase 1's
+basis or incumbent; CBC solves phase 2 from a fresh model, MIP-started from phase 1's answer.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -47,6 +52,7 @@ SolverName = Literal["cbc", "highs"]
 MODES: tuple[Mode, ...] = ("milp", "lp", "heuristic")
 SOLVERS: tuple[SolverName, ...] = ("cbc", "highs")
 Key = tuple[Action, int]
+_IPM_FROM = 3000  # actions; below this, simplex is as fast
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,19 +114,20 @@ def solve(
     """Decide what to freeze in `dag` under `opts`; see the module docstring."""
     _check_options(dag, signal, opts)
     t0 = time.perf_counter()
+    deadline = t0 + opts.time_limit
     baseline = simulate(dag).makespan
     floor = simulate(dag, dag.durations(dag.all_frozen())).makespan
     model = _Model(dag, signal, opts)
     notes: list[str] = []
 
-    lp1, lp_x, lp_status = model.solve_lp(write=opts.write_model if opts.mode != "milp" else None)
+    lp1, lp_x = model.solve_lp(deadline, write=opts.write_model if opts.mode != "milp" else None)
     if opts.mode == "lp":
-        frozen, status = lp_x, lp_status
+        frozen, status = lp_x, "optimal"
     else:
         frozen = _round_and_fill(dag, model, lp_x)
         status = "heuristic"
         if opts.mode == "milp":
-            frozen, status, milp_notes = model.solve_milp(frozen, write=opts.write_model)
+            frozen, status, milp_notes = model.solve_milp(frozen, deadline, write=opts.write_model)
             notes.extend(milp_notes)
     predicted = simulate(dag, dag.durations(frozen)).makespan
     lp_bound = min(lp1, predicted)
@@ -162,12 +169,23 @@ def _check_options(
         raise InputError(f"--time-limit must be positive (got {o.time_limit})")
     if not (0 <= o.gap < 1):
         raise InputError(f"--gap must be in [0, 1) (got {o.gap})")
+    if o.threads < 1:
+        raise InputError(f"--threads must be at least 1 (got {o.threads})")
     if o.mode not in MODES:
         raise InputError(f"unknown mode {o.mode!r}; use one of {', '.join(MODES)}")
     if o.solver not in SOLVERS:
         raise InputError(f"unknown solver {o.solver!r}; use one of {', '.join(SOLVERS)}")
     if [len(r) for r in signal] != [len(r) for r in dag.group_names]:
         raise InputError("sensitivities do not match the profile's groups")
+
+
+@dataclass(slots=True)
+class _Vars:
+    """The PuLP variables of one built model."""
+
+    x: dict[Key, pulp.LpVariable]
+    T: pulp.LpVariable
+    ell: list[pulp.LpVariable]
 
 
 class _Model:
@@ -191,48 +209,47 @@ class _Model:
         self.by_group: dict[tuple[int, int], list[Key]] = {}
         for k in self.keys:
             self.by_group.setdefault((k[0].stage, k[1]), []).append(k)
+        self.stage_share = {
+            (s, g): c / sum(cs)
+            for s, cs in enumerate(dag.group_cost)
+            for g, c in enumerate(cs)
+            if c > 0
+        }
 
     # -- evaluation -------------------------------------------------------------------------
+    def counts(self, frozen: Mapping[Key, float]) -> dict[tuple[int, int], float]:
+        out: dict[tuple[int, int], float] = {}
+        for (a, g), x in frozen.items():
+            out[(a.stage, g)] = out.get((a.stage, g), 0.0) + x
+        return out
+
     def signal_of(self, frozen: Mapping[Key, float]) -> float:
         """Signal dropped by a plan (piecewise-linear in the count for fractional plans)."""
-        counts: dict[tuple[int, int], float] = {}
-        for (a, g), x in frozen.items():
-            counts[(a.stage, g)] = counts.get((a.stage, g), 0.0) + x
-        return sum(_pwl(self.loss[sg], k) for sg, k in counts.items())
+        return sum(_pwl(self.loss[sg], k) for sg, k in self.counts(frozen).items())
 
     def fits(self, frozen: Mapping[Key, float]) -> bool:
         """Budget, group caps and stage caps all hold (with a small tolerance)."""
-        counts: dict[tuple[int, int], float] = {}
-        for (a, g), x in frozen.items():
-            counts[(a.stage, g)] = counts.get((a.stage, g), 0.0) + x
+        counts = self.counts(frozen)
         if any(k > self.kmax + 1e-6 for k in counts.values()):
             return False
         if self.opts.stage_cap is not None:
-            for _s, used in self._stage_ratio(frozen).items():
-                if used > self.opts.stage_cap * self.dag.n_microbatches + 1e-6:
-                    return False
-        return self.signal_of(frozen) <= self.opts.budget + 1e-9
-
-    def _stage_ratio(self, frozen: Mapping[Key, float]) -> dict[int, float]:
-        out: dict[int, float] = {}
-        for (a, g), x in frozen.items():
-            cs = self.dag.group_cost[a.stage]
-            out[a.stage] = out.get(a.stage, 0.0) + x * cs[g] / sum(cs)
-        return out
+            per_stage: dict[int, float] = {}
+            for (s, g), k in counts.items():
+                per_stage[s] = per_stage.get(s, 0.0) + k * self.stage_share[(s, g)]
+            cap = self.opts.stage_cap * self.dag.n_microbatches + 1e-6
+            if any(v > cap for v in per_stage.values()):
+                return False
+        return sum(_pwl(self.loss[sg], k) for sg, k in counts.items()) <= self.opts.budget + 1e-9
 
     # -- model building ---------------------------------------------------------------------
-    def build(
-        self, *, integer: bool, t_max: float | None
-    ) -> tuple[pulp.LpProblem, dict[Key, pulp.LpVariable], pulp.LpVariable]:
+    def build(self, *, integer: bool, t_max: float | None) -> tuple[pulp.LpProblem, _Vars]:
         t0 = time.perf_counter()
         try:
             return self._build(integer=integer, t_max=t_max)
         finally:
             self.build_seconds += time.perf_counter() - t0
 
-    def _build(
-        self, *, integer: bool, t_max: float | None
-    ) -> tuple[pulp.LpProblem, dict[Key, pulp.LpVariable], pulp.LpVariable]:
+    def _build(self, *, integer: bool, t_max: float | None) -> tuple[pulp.LpProblem, _Vars]:
         dag, opts = self.dag, self.opts
         prob = pulp.LpProblem(
             "freezeopt_phase2" if t_max is not None else "freezeopt_phase1", pulp.LpMinimize
@@ -244,34 +261,28 @@ class _Model:
         xs_of: dict[Action, list[tuple[pulp.LpVariable, float]]] = {}
         for (a, g), var in x.items():
             xs_of.setdefault(a, []).append((var, -dag.group_cost[a.stage][g]))
-        graph = dag.graph
+
+        def le(
+            terms: list[tuple[pulp.LpVariable, float]], rhs: float, name: str, const: float = 0.0
+        ) -> None:
+            e = pulp.LpAffineExpression(terms, constant=const)
+            prob.addConstraint(pulp.LpConstraint(e, pulp.LpConstraintLE, name, rhs))
+
         for u in dag.order:
-            dur = dag.cost[u]
-            terms = xs_of.get(u, [])
-            succ = graph.succ[u]
+            dur, terms, succ = dag.cost[u], xs_of.get(u, []), dag.graph.succ[u]
             for v, attrs in succ.items():
-                e = pulp.LpAffineExpression(
-                    [(t[u], 1.0), (t[v], -1.0), *terms], constant=dur + attrs["lag"]
-                )
-                prob.addConstraint(pulp.LpConstraint(e, pulp.LpConstraintLE, f"prec_{u}_{v}", 0.0))
+                le([(t[u], 1.0), (t[v], -1.0), *terms], 0.0, f"prec_{u}_{v}", dur + attrs["lag"])
             if not succ:
-                e = pulp.LpAffineExpression([(t[u], 1.0), (T, -1.0), *terms], constant=dur)
-                prob.addConstraint(pulp.LpConstraint(e, pulp.LpConstraintLE, f"end_{u}", 0.0))
-        ell_terms = []
+                le([(t[u], 1.0), (T, -1.0), *terms], 0.0, f"end_{u}", dur)
+        ell: list[pulp.LpVariable] = []
         for (s, g), keys in sorted(self.by_group.items()):
-            count = [(x[k], 1.0) for k in keys]
-            prob.addConstraint(
-                pulp.LpConstraint(
-                    pulp.LpAffineExpression(count),
-                    pulp.LpConstraintLE,
-                    f"groupcap_s{s}_g{g}",
-                    float(self.kmax),
-                )
-            )
-            ell = prob.add_variable(f"signal_s{s}_g{g}", 0)
-            ell_terms.append((ell, 1.0))
-            loss = self.loss[(s, g)]
-            last_slope = None
+            k = prob.add_variable(f"count_s{s}_g{g}", 0)
+            e = pulp.LpAffineExpression([*((x[kk], 1.0) for kk in keys), (k, -1.0)])
+            prob.addConstraint(pulp.LpConstraint(e, pulp.LpConstraintEQ, f"count_s{s}_g{g}", 0.0))
+            le([(k, 1.0)], float(self.kmax), f"groupcap_s{s}_g{g}")
+            sig = prob.add_variable(f"signal_s{s}_g{g}", 0)
+            ell.append(sig)
+            loss, last_slope = self.loss[(s, g)], None
             for j in range(self.kmax):
                 slope = loss[j + 1] - loss[j]
                 if last_slope is not None and abs(slope - last_slope) <= 1e-12 * max(
@@ -279,134 +290,178 @@ class _Model:
                 ):
                     continue  # same line as the previous piece
                 last_slope = slope
-                # ell ≥ loss[j] + slope·(k − j)
-                e = pulp.LpAffineExpression(
-                    [(ell, -1.0), *((v, slope) for v, _ in count)], constant=loss[j] - slope * j
-                )
-                prob.addConstraint(
-                    pulp.LpConstraint(e, pulp.LpConstraintLE, f"piece_s{s}_g{g}_k{j}", 0.0)
-                )
+                # signal ≥ loss[j] + slope·(k − j)
+                le([(sig, -1.0), (k, slope)], 0.0, f"piece_s{s}_g{g}_k{j}", loss[j] - slope * j)
         if opts.stage_cap is not None:
             for s in range(dag.n_stages):
-                cs = dag.group_cost[s]
-                terms2 = [(x[k], cs[k[1]] / sum(cs)) for k in self.keys if k[0].stage == s]
+                terms2 = [
+                    (x[kk], self.stage_share[(s, kk[1])]) for kk in self.keys if kk[0].stage == s
+                ]
                 if terms2:
-                    prob.addConstraint(
-                        pulp.LpConstraint(
-                            pulp.LpAffineExpression(terms2),
-                            pulp.LpConstraintLE,
-                            f"stagecap_s{s}",
-                            opts.stage_cap * dag.n_microbatches,
-                        )
-                    )
-        if ell_terms:
-            prob.addConstraint(
-                pulp.LpConstraint(
-                    pulp.LpAffineExpression(ell_terms), pulp.LpConstraintLE, "budget", opts.budget
-                )
-            )
+                    le(terms2, opts.stage_cap * dag.n_microbatches, f"stagecap_s{s}")
+        if ell:
+            le([(v, 1.0) for v in ell], opts.budget, "budget")
         if t_max is None:
             prob.setObjective(pulp.LpAffineExpression([(T, 1.0)]))
         else:
-            prob.addConstraint(
-                pulp.LpConstraint(
-                    pulp.LpAffineExpression([(T, 1.0)]),
-                    pulp.LpConstraintLE,
-                    "makespan_limit",
-                    t_max,
-                )
-            )
-            prob.setObjective(
-                pulp.LpAffineExpression(ell_terms)
-                if ell_terms
-                else pulp.LpAffineExpression([(T, 0.0)])
-            )
-        return prob, x, T
+            le([(T, 1.0)], t_max, "makespan_limit")
+            prob.setObjective(pulp.LpAffineExpression([(v, 1.0) for v in ell] or [(T, 0.0)]))
+        return prob, _Vars(x=x, T=T, ell=ell)
 
     def t_limit(self, t1: float) -> float:
         """Phase-2 bound on the makespan: the phase-1 value, the tolerance, and numerical slack."""
         return t1 * (1 + self.opts.tolerance) + 1e-7 * t1 + 1e-6
 
     # -- solving ----------------------------------------------------------------------------
-    def run(self, prob: pulp.LpProblem, *, time_limit: float | None, warm: bool) -> str:
+    def _timed(self, fn: Callable[[], str]) -> str:
         t0 = time.perf_counter()
         try:
-            return _run(prob, self.opts, time_limit=time_limit, warm=warm)
+            return fn()
         finally:
             self.solver_seconds += time.perf_counter() - t0
 
-    def solve_lp(self, *, write: Path | None) -> tuple[float, dict[Key, float], str]:
-        """Both phases of the LP relaxation; returns (phase-1 T, phase-2 x, status)."""
-        p1, _, T = self.build(integer=False, t_max=None)
+    def _phases(
+        self,
+        *,
+        integer: bool,
+        start: Mapping[Key, float] | None,
+        deadline: float,
+        write: Path | None,
+    ) -> tuple[str, str, dict[Key, float], float]:
+        """Run phase 1 then phase 2; return (status1, status2, plan, T1). Raises if phase 1 finds nothing."""
+        o = self.opts
+        p1, v1 = self.build(integer=integer, t_max=None)
         _write(p1, write, phase=1)
-        st = self.run(p1, time_limit=None, warm=False)
-        if st != "optimal":
-            raise SolverError(
-                f"the LP relaxation did not solve ({st}); try --solver {_other(self.opts.solver)}"
+        if start is not None:
+            self._warm(p1, v1, start)
+        limit1 = _left(deadline) / 2 if integer else _left(deadline)
+        # Large LPs here are very degenerate: interior point (with crossover, so phase 2 can start
+        # from a basis) beats simplex by 3x and more from a few thousand actions up.
+        ipm = not integer and len(self.dag.order) >= _IPM_FROM
+        st1 = self._timed(
+            lambda: _run(p1, o, time_limit=limit1, warm=start is not None, barrier=ipm)
+        )
+        if st1 not in ("optimal", "time_limit"):
+            return st1, "skipped", dict(start or {}), math.inf
+        plan1 = {k: _clip(v.value()) for k, v in v1.x.items()}
+        if integer:
+            plan1 = {k: float(round(x)) for k, x in plan1.items()}
+            t1 = simulate(
+                self.dag, self.dag.durations(plan1)
+            ).makespan  # the incumbent's true makespan
+        else:
+            t1 = float(v1.T.value())
+        t_max = self.t_limit(t1)
+        if write is not None:
+            _write(self.build(integer=integer, t_max=t_max)[0], write, phase=2)
+        if o.solver == "highs":
+            st2, plan2 = self._timed_highs_phase2(p1, v1, t_max, deadline)
+        else:
+            p2, v2 = self.build(integer=integer, t_max=t_max)
+            if integer:
+                self._warm(p2, v2, plan1)
+            st2 = self._timed(
+                lambda: _run(p2, o, time_limit=_left(deadline), warm=integer, barrier=ipm)
             )
-        t1 = float(T.value())
-        p2, x, _ = self.build(integer=False, t_max=self.t_limit(t1))
-        _write(p2, write, phase=2)
-        st = self.run(p2, time_limit=None, warm=False)
-        if st != "optimal":
-            raise SolverError(
-                f"phase 2 of the LP did not solve ({st}); try --solver {_other(self.opts.solver)}"
+            plan2 = {k: _clip(v.value()) for k, v in v2.x.items()}
+        if st2 not in ("optimal", "time_limit"):
+            return st1, st2, plan1, t1
+        if integer:
+            plan2 = {k: float(round(x)) for k, x in plan2.items()}
+        return st1, st2, plan2, t1
+
+    def _timed_highs_phase2(
+        self, p1: pulp.LpProblem, v1: _Vars, t_max: float, deadline: float
+    ) -> tuple[str, dict[Key, float]]:
+        """Phase 2 on phase 1's HiGHS model, in place: objective Σ signal, T ≤ t_max, warm."""
+        import highspy
+
+        h = p1.solverModel
+        t0 = time.perf_counter()
+        try:
+            n = h.getNumCol()
+            values = list(h.getSolution().col_value)
+            cost = [0.0] * n
+            for v in v1.ell:
+                cost[v.index] = 1.0
+            h.changeColsCost(n, list(range(n)), cost)
+            h.changeColBounds(v1.T.index, 0.0, t_max)
+            if h.getLp().integrality_:  # MIP: hand phase 1's incumbent over as the start
+                sol = highspy.HighsSolution()
+                sol.col_value = values
+                sol.value_valid = True
+                h.setSolution(sol)
+            h.setOptionValue("time_limit", max(0.5, _left(deadline)))
+            if not h.getLp().integrality_:
+                h.setOptionValue("solver", "simplex")  # re-use phase 1's basis
+            with stdout_to_stderr():
+                h.run()
+            status = _highs_status(h)
+            col = list(h.getSolution().col_value)
+            return status, {k: _clip(col[v.index]) for k, v in v1.x.items()}
+        finally:
+            self.solver_seconds += time.perf_counter() - t0
+
+    def solve_lp(self, deadline: float, *, write: Path | None) -> tuple[float, dict[Key, float]]:
+        """Both phases of the LP relaxation; returns (phase-1 T, phase-2 x)."""
+        st1, st2, plan, t1 = self._phases(integer=False, start=None, deadline=deadline, write=write)
+        if st1 != "optimal" or st2 != "optimal":
+            st = st1 if st1 != "optimal" else st2
+            hint = (
+                "raise --time-limit"
+                if "time" in st or st == "no_solution"
+                else f"try --solver {_other(self.opts.solver)}"
             )
-        return t1, {k: _clip(v.value()) for k, v in x.items()}, "optimal"
+            raise SolverError(f"the LP relaxation did not solve ({st}); {hint}")
+        return t1, plan
 
     def solve_milp(
-        self, start: dict[Key, float], *, write: Path | None
+        self, start: dict[Key, float], deadline: float, *, write: Path | None
     ) -> tuple[dict[Key, float], str, list[str]]:
         """Both MILP phases, warm-started from `start`; falls back to `start` if the solver finds nothing."""
         notes: list[str] = []
-        deadline = time.perf_counter() + self.opts.time_limit
-        p1, x1, T1 = self.build(integer=True, t_max=None)
-        _write(p1, write, phase=1)
-        self._warm(p1, x1, T1, start)
-        st1 = self.run(p1, time_limit=self.opts.time_limit / 2, warm=True)
+        if _left(deadline) < 1.0:
+            notes.append(
+                "no time left for the MILP after the LP and heuristic; kept the heuristic answer (raise --time-limit)"
+            )
+            return start, "heuristic_fallback", notes
+        st1, st2, plan, _ = self._phases(integer=True, start=start, deadline=deadline, write=write)
         if st1 not in ("optimal", "time_limit"):
             notes.append(f"MILP phase 1 found no solution ({st1}); kept the heuristic answer")
             return start, "heuristic_fallback", notes
-        plan1 = {k: round(_clip(v.value())) * 1.0 for k, v in x1.items()}
-        t1 = simulate(self.dag, self.dag.durations(plan1)).makespan
-        p2, x2, T2 = self.build(integer=True, t_max=self.t_limit(t1))
-        _write(p2, write, phase=2)
-        self._warm(p2, x2, T2, plan1)
-        left = max(1.0, deadline - time.perf_counter())
-        st2 = self.run(p2, time_limit=left, warm=True)
         if st2 not in ("optimal", "time_limit"):
             notes.append(f"MILP phase 2 found no solution ({st2}); kept phase 1's answer")
-            return plan1, "time_limit", notes
-        plan2 = {k: round(_clip(v.value())) * 1.0 for k, v in x2.items()}
         status = "optimal" if st1 == st2 == "optimal" else "time_limit"
         if status == "time_limit":
             notes.append(
                 "the MILP stopped on its time limit; the answer is the best found, not proven optimal"
             )
-        return {k: v for k, v in plan2.items() if v}, status, notes
+        best = {k: v for k, v in plan.items() if v}
+        # never return worse than the warm start (a solver may ignore it)
+        if (
+            simulate(self.dag, self.dag.durations(best)).makespan
+            > simulate(self.dag, self.dag.durations(start)).makespan + 1e-9
+        ):
+            notes.append(
+                "the solver returned a plan slower than its warm start; kept the warm start"
+            )
+            return start, status, notes
+        return best, status, notes
 
-    def _warm(
-        self,
-        prob: pulp.LpProblem,
-        x: dict[Key, pulp.LpVariable],
-        T: pulp.LpVariable,
-        plan: Mapping[Key, float],
-    ) -> None:
+    def _warm(self, prob: pulp.LpProblem, v: _Vars, plan: Mapping[Key, float]) -> None:
         """Set every variable's initial value from a feasible plan (its simulated timeline)."""
         tl = simulate(self.dag, self.dag.durations(plan))
         byname = prob.variablesDict()
         for a, s in tl.start.items():
             byname[f"t_{a}"].setInitialValue(s)
-        for k, var in x.items():
+        for k, var in v.x.items():
             var.setInitialValue(round(plan.get(k, 0.0)))
-        T.setInitialValue(tl.makespan)
-        counts: dict[tuple[int, int], float] = {}
-        for (a, g), v in plan.items():
-            counts[(a.stage, g)] = counts.get((a.stage, g), 0.0) + v
+        v.T.setInitialValue(tl.makespan)
+        counts = self.counts(plan)
         for s, g in self.by_group:
-            byname[f"signal_s{s}_g{g}"].setInitialValue(
-                _pwl(self.loss[(s, g)], counts.get((s, g), 0.0))
-            )
+            n = counts.get((s, g), 0.0)
+            byname[f"count_s{s}_g{g}"].setInitialValue(n)
+            byname[f"signal_s{s}_g{g}"].setInitialValue(_pwl(self.loss[(s, g)], n))
 
 
 def _round_and_fill(dag: PipelineDag, model: _Model, lp_x: Mapping[Key, float]) -> dict[Key, float]:
@@ -418,36 +473,71 @@ def _round_and_fill(dag: PipelineDag, model: _Model, lp_x: Mapping[Key, float]) 
         ranked = sorted(keys, key=lambda k: (-lp_x.get(k, 0.0), k[0].microbatch))
         for k in ranked[:n]:
             plan[k] = 1.0
-    while (
-        not model.fits(plan) and plan
-    ):  # rounding down keeps the budget; guard against numerical drift
+    while not model.fits(plan) and plan:  # rounding down keeps the budget; guard numerical drift
         worst = max(plan, key=lambda k: (model.loss[(k[0].stage, k[1])][1], k))
         del plan[worst]
-    budget_tries = 200 if len(dag.order) <= 20000 else 20
-    makespan = simulate(dag, dag.durations(plan))
-    for _ in range(budget_tries):
+    # Greedy fill: bookkeeping is incremental (counts, signal, stage ratios), one simulation per try.
+    counts = {sg: round(c) for sg, c in model.counts(plan).items()}
+    signal = model.signal_of(plan)
+    per_stage: dict[int, float] = {}
+    for (s, g), n_frozen in counts.items():
+        per_stage[s] = per_stage.get(s, 0.0) + n_frozen * model.stage_share[(s, g)]
+    stage_cap = (
+        None if model.opts.stage_cap is None else model.opts.stage_cap * dag.n_microbatches + 1e-6
+    )
+    allowed = set(model.keys)
+    current = simulate(dag, dag.durations(plan))
+    tries = 200 if len(dag.order) <= 20000 else 20
+    for _ in range(tries):
         cands = []
-        for a in makespan.critical_path:
+        for a in current.critical_path:
             for g, c in enumerate(dag.group_cost[a.stage]):
                 k = (a, g)
-                if c <= 0 or k in plan or k not in model.by_group.get((a.stage, g), ()):
+                if k in plan or k not in allowed:
                     continue
-                trial = dict(plan)
-                trial[k] = 1.0
-                if model.fits(trial):
-                    d_sig = model.signal_of(trial) - model.signal_of(plan)
-                    cands.append((-c / max(d_sig, 1e-12), str(a), g, k))
+                sg = (a.stage, g)
+                n = counts.get(sg, 0)
+                if n + 1 > model.kmax:
+                    continue
+                if (
+                    stage_cap is not None
+                    and per_stage.get(a.stage, 0.0) + model.stage_share[sg] > stage_cap
+                ):
+                    continue
+                d_sig = model.loss[sg][n + 1] - model.loss[sg][n]
+                if signal + d_sig > model.opts.budget + 1e-9:
+                    continue
+                cands.append((-c / max(d_sig, 1e-12), str(a), g, k, d_sig))
         improved = False
-        for *_, k in sorted(cands, key=lambda c: c[:3])[:4]:
-            trial = dict(plan)
-            trial[k] = 1.0
+        for *_, k, d_sig in sorted(cands, key=lambda c: c[:3])[:4]:
+            trial = {**plan, k: 1.0}
             tl = simulate(dag, dag.durations(trial))
-            if tl.makespan < makespan.makespan - 1e-9:
-                plan, makespan, improved = trial, tl, True
+            if tl.makespan < current.makespan - 1e-9:
+                sg = (k[0].stage, k[1])
+                plan, current, improved = trial, tl, True
+                counts[sg] = counts.get(sg, 0) + 1
+                per_stage[sg[0]] = per_stage.get(sg[0], 0.0) + model.stage_share[sg]
+                signal += d_sig
                 break
         if not improved:
             break
     return plan
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.perf_counter())
+
+
+def _highs_status(h: object) -> str:
+    import highspy
+
+    ms = h.getModelStatus()  # type: ignore[attr-defined]
+    if ms == highspy.HighsModelStatus.kOptimal:
+        return "optimal"
+    if ms == highspy.HighsModelStatus.kInfeasible:
+        return "infeasible"
+    feasible = h.getInfo().primal_solution_status == 2  # type: ignore[attr-defined]
+    return "time_limit" if feasible else "no_solution"
 
 
 def _pwl(loss: tuple[float, ...], k: float) -> float:
@@ -483,7 +573,9 @@ def _write(prob: pulp.LpProblem, path: Path | None, *, phase: int) -> None:
         raise InputError(f"cannot write the model to {p}: {e.strerror or e}") from None
 
 
-def _solver(opts: SolveOptions, *, time_limit: float | None, warm: bool) -> pulp.LpSolver:
+def _solver(
+    opts: SolveOptions, *, time_limit: float | None, warm: bool, barrier: bool = False
+) -> pulp.LpSolver:
     if opts.solver == "highs":
         if not pulp.HiGHS().available():
             raise SolverError("HiGHS is not available: pip install highspy, or use --solver cbc")
@@ -492,7 +584,22 @@ def _solver(opts: SolveOptions, *, time_limit: float | None, warm: bool) -> pulp
         # HiGHS keeps one process-wide thread scheduler; an earlier model with another thread count
         # makes the next solve fail ("scheduler has already been initialized"). Start afresh.
         highspy.Highs.resetGlobalScheduler(True)
-        return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=opts.gap, threads=opts.threads)
+
+        class _WarmHiGHS(pulp.HiGHS):
+            """PuLP's HiGHS ignores initial values; hand them to HiGHS as a MIP start."""
+
+            def callSolver(self, lp: pulp.LpProblem) -> None:
+                if warm:
+                    sol = highspy.HighsSolution()
+                    sol.col_value = [v.varValue or 0.0 for v in lp.variables()]
+                    sol.value_valid = True
+                    lp.solverModel.setSolution(sol)
+                lp.solverModel.run()
+
+        extra = {"solver": "ipm"} if barrier else {}
+        return _WarmHiGHS(
+            msg=False, timeLimit=time_limit, gapRel=opts.gap, threads=opts.threads, **extra
+        )
     # PuLP 3.3 bundles CBC; its PULP_CBC_CMD wrapper is deprecated, so call the bundled binary
     # through COIN_CMD (the path PuLP 4 keeps), or a `cbc` on PATH.
     from pulp.apis import coin_api
@@ -507,6 +614,7 @@ def _solver(opts: SolveOptions, *, time_limit: float | None, warm: bool) -> pulp
         gapRel=opts.gap,
         threads=opts.threads,
         warmStart=warm,
+        options=["barrier"] if barrier else [],
     )
     if not solver.available():
         raise SolverError(
@@ -515,9 +623,16 @@ def _solver(opts: SolveOptions, *, time_limit: float | None, warm: bool) -> pulp
     return solver
 
 
-def _run(prob: pulp.LpProblem, opts: SolveOptions, *, time_limit: float | None, warm: bool) -> str:
+def _run(
+    prob: pulp.LpProblem,
+    opts: SolveOptions,
+    *,
+    time_limit: float | None,
+    warm: bool,
+    barrier: bool = False,
+) -> str:
     """Solve; return `optimal`, `time_limit` (feasible, not proven), `infeasible` or `no_solution`."""
-    solver = _solver(opts, time_limit=time_limit, warm=warm)
+    solver = _solver(opts, time_limit=time_limit, warm=warm, barrier=barrier)
     try:
         with stdout_to_stderr():
             prob.solve(solver)
