@@ -19,6 +19,7 @@ Where torch's helpers are wrong we work around them here, with tests:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 from unittest import mock
@@ -30,6 +31,8 @@ __all__ = [
     "SCHEDULE_NAMES",
     "V_SCHEDULES",
     "default_stages_per_rank",
+    "enable_freezing",
+    "scale_group_grads",
     "schedule_actions",
     "torch_version",
 ]
@@ -355,3 +358,112 @@ def split_backward(
             stage_backward_weight(iter(params), restricted)
 
     return weight
+
+
+# --- Skipping frozen groups' weight-gradient work (used by `freezeopt.train`) -------------------
+#
+# A stock `PipelineStage` computes every parameter's gradient in each backward. To freeze parameter
+# groups per microbatch we patch one stage instance (the class is untouched; no vendored fork):
+# `backward_one_chunk` / `backward_weight_one_chunk` record which microbatch runs, and
+# `backward_maybe_with_nosync` — the single place torch 2.13 dispatches every backward — restricts
+# the work to the active parameters:
+# * "full" (B, and stage 0's W in split schedules): `autograd.backward(..., inputs=stage inputs +
+#   active params)`, so frozen params' dW kernels never run (toggling `requires_grad` after the
+#   forward saves nothing: AccumulateGrad drops the result but the GEMMs still run);
+# * "input" (I): torch's `stage_backward_input` with only the active params as weights, so the
+#   parameter groups handed to W hold only active params and W skips the frozen ones. The frozen set
+#   of a microbatch's W is thereby the one its I saw;
+# * "weight" (W): torch's own path, over those restricted groups.
+# DDP/FSDP-wrapped stage modules are not supported (their no_sync/reshard hooks are bypassed).
+
+
+def enable_freezing(
+    stage: Any,
+    groups: Sequence[Sequence[Any]],
+    frozen: Callable[[int, int], frozenset[int]],
+) -> None:
+    """Make `stage` skip the weight gradients of `groups[g]` for g in `frozen(stage_index, mb)`.
+
+    `groups` are lists of the stage module's parameters; parameters in no group are never frozen.
+    With `frozen` returning an empty set the stage runs torch's own code paths unchanged.
+    """
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    current: dict[str, int] = {}
+    grouped = {id(p) for g in groups for p in g}
+    always = [p for p in stage.submod.parameters() if id(p) not in grouped]
+    orig_b, orig_w = stage.backward_one_chunk, stage.backward_weight_one_chunk
+    orig_dispatch = stage.backward_maybe_with_nosync
+
+    def backward_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        current["mb"] = bwd_chunk_id
+        return orig_b(bwd_chunk_id, *args, **kwargs)
+
+    def backward_weight_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        current["mb"] = bwd_chunk_id
+        return orig_w(bwd_chunk_id, *args, **kwargs)
+
+    def dispatch(backward_type: str, bwd_kwargs: dict[str, Any], last_backward: bool = False) -> Any:
+        off = frozen(stage.stage_index, current["mb"]) if backward_type != "weight" else frozenset()
+        if not off:
+            return orig_dispatch(backward_type, bwd_kwargs, last_backward=last_backward)
+        active = always + [p for i, g in enumerate(groups) if i not in off for p in g]
+        if backward_type == "input":
+            return stage_backward_input(
+                bwd_kwargs["stage_output"],
+                bwd_kwargs["output_grads"],
+                bwd_kwargs["input_values"],
+                iter(active),
+            )
+        outs, grads = _tensors_with_grads(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"])
+        inputs = [
+            v for v in bwd_kwargs["input_values"] if isinstance(v, torch.Tensor) and v.requires_grad
+        ]
+        if outs and (inputs or active):
+            torch.autograd.backward(outs, grad_tensors=grads, inputs=inputs + active)
+        grad_inputs: list[Any] = []
+        for v in bwd_kwargs["input_values"]:  # as torch's stage_backward returns them
+            if isinstance(v, torch.Tensor):
+                grad_inputs.append(v.grad)
+                v.grad = None
+            else:
+                grad_inputs.append(None)
+        return tuple(grad_inputs), None
+
+    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
+    stage.backward_maybe_with_nosync = dispatch
+
+
+def _tensors_with_grads(output: Any, grad: Any) -> tuple[list[Any], list[Any]]:
+    """Flatten (output, gradient) pairs the way torch's `stage_backward` does."""
+    import torch
+
+    outs: list[Any] = []
+    grads: list[Any] = []
+
+    def walk(o: Any, g: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            if o.requires_grad or o.grad_fn is not None:
+                outs.append(o)
+                grads.append(g)
+        elif isinstance(o, tuple | list) and g is not None:
+            for oo, gg in zip(o, g, strict=True):
+                walk(oo, gg)
+        elif isinstance(o, dict) and g is not None:
+            for k in o:
+                walk(o[k], g[k])
+
+    walk(output, grad)
+    return outs, grads
+
+
+def scale_group_grads(groups: Sequence[Sequence[Any]], scales: dict[int, float | None]) -> None:
+    """Multiply group g's accumulated gradients by `scales[g]`; `None` leaves them `None` (frozen in all)."""
+    for g, factor in scales.items():
+        for p in groups[g]:
+            if factor is None:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.mul_(factor)
