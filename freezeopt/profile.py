@@ -1819,32 +1819,32 @@ def _explain(
     predicted_wall: float,
     measured: float,
 ) -> str:
+    """Why the DAG's prediction misses the measured step time, most likely cause first."""
     cores = host.get("usable_cpus") or host.get("cpus") or 1
     wall_err = (predicted_wall - measured) / measured if measured > 0 else 0.0
     others = host.get("other_cpu_cores")
-    busy = (
-        f"other processes kept {others:.2f} cores busy during the run" if others is not None else ""
-    )
-    if inflation > 1.1 or (others is not None and others > _OTHERS_BUSY):
-        why = f"actions took {inflation:.2f}× longer in wall time than in CPU time"
-        if world > cores:
-            why += f": {world} ranks share {cores} cores, so each rank waits for a core while its CPU time is what the DAG uses"
-            if others is not None and others > _OTHERS_BUSY:
-                why += f", and {busy}"
-        elif busy:
-            why += f": {busy} (measure on a quiet machine)"
-        else:
-            why += f": the CPU was shared with other processes (load average before the run: {host.get('load_avg_before')})"
-        return f"{why}; with wall-clock durations the DAG predicts {predicted_wall:.1f} ms ({wall_err * 100:+.1f} %)"
-    if err < 0:
-        return (
-            "the DAG leaves out time between actions (Python scheduling, posting sends and receives) "
-            f"and any rendezvous waits of torch's batched send/recv; with wall-clock durations it predicts "
-            f"{predicted_wall:.1f} ms ({wall_err * 100:+.1f} %)"
+    reasons: list[str] = []
+    if world > cores:
+        reasons.append(
+            f"{world} ranks share {cores} cores, so a rank that is ready often waits for a core "
+            "(costs are CPU time, the step is wall time)"
         )
+    if others is not None and others > _OTHERS_BUSY:
+        reasons.append(
+            f"other processes kept {others:.2f} cores busy during the run (measure on a quiet machine)"
+        )
+    if inflation > 1.1:
+        reasons.append(f"actions took {inflation:.2f}× longer in wall time than in CPU time")
+    if err < 0:
+        reasons.append(
+            "the DAG leaves out time between actions (Python scheduling, posting sends and receives, "
+            "waits inside torch's batched send/recv), which weighs more the shorter the actions"
+        )
+    else:
+        reasons.append("measured lags or costs are pessimistic for this run")
     return (
-        "the DAG predicts a longer step than measured: measured lags or costs are pessimistic for this run "
-        f"(with wall-clock durations it predicts {predicted_wall:.1f} ms, {wall_err * 100:+.1f} %)"
+        "; ".join(reasons)
+        + f"; with wall-clock durations the DAG predicts {predicted_wall:.1f} ms ({wall_err * 100:+.1f} %)"
     )
 
 
