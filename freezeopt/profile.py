@@ -1237,14 +1237,17 @@ def _launch_local(
         for r in range(world)
     ]
     total = job.warmup_steps + job.measure_steps + 4
-    ok = False
+    keep_logs = True
     try:
         for p in procs:
             p.start()
         with _progress_bar(progress, job.name, total) as update:
             results = _supervise(job, procs, q, beat_arr, logdir, update)
-        ok = True
+        keep_logs = False
         return results
+    except InputError:  # a user error raised inside a rank: its one line says everything
+        keep_logs = False
+        raise
     finally:
         started = [p for p in procs if p.pid is not None]
         for p in started:
@@ -1257,7 +1260,7 @@ def _launch_local(
                 p.kill()
                 p.join(1)
         q.close()
-        if ok:
+        if not keep_logs:
             shutil.rmtree(logdir, ignore_errors=True)
 
 
