@@ -404,7 +404,9 @@ def enable_freezing(
         current["mb"] = bwd_chunk_id
         return orig_w(bwd_chunk_id, *args, **kwargs)
 
-    def dispatch(backward_type: str, bwd_kwargs: dict[str, Any], last_backward: bool = False) -> Any:
+    def dispatch(
+        backward_type: str, bwd_kwargs: dict[str, Any], last_backward: bool = False
+    ) -> Any:
         off = frozen(stage.stage_index, current["mb"]) if backward_type != "weight" else frozenset()
         if not off:
             return orig_dispatch(backward_type, bwd_kwargs, last_backward=last_backward)
