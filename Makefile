@@ -1,5 +1,5 @@
 # freezeopt — every target installs what it needs into a local venv first.
-#   make demo    synth → solve → simulate → Gantt on the built-in example
+#   make demo    profile the built-in job for real → solve → simulate → Gantt (files in out/)
 #   make test    the test suite
 #   make bench   solver benchmarks → benchmarks/solver.md
 #   make lint    ruff + mypy
@@ -27,10 +27,10 @@ test: install
 
 demo: install
 	mkdir -p out
-	$(BIN)/freezeopt synth --schedule 1F1B --ranks 4 --microbatches 8 --groups 4 --seed 0 -o profiles/synth-1f1b-4x8.json
-	$(BIN)/freezeopt solve profiles/synth-1f1b-4x8.json --budget 0.1 -o schedules/synth-1f1b-4x8.yaml
-	$(BIN)/freezeopt validate schedules/synth-1f1b-4x8.yaml --profile profiles/synth-1f1b-4x8.json
-	$(BIN)/freezeopt simulate schedules/synth-1f1b-4x8.yaml --profile profiles/synth-1f1b-4x8.json --gantt out/synth-1f1b-4x8.png
+	$(BIN)/freezeopt profile tiny-gpt -o out/tiny-gpt.json
+	$(BIN)/freezeopt solve out/tiny-gpt.json --budget 0.1 -o out/tiny-gpt.yaml
+	$(BIN)/freezeopt validate out/tiny-gpt.yaml --profile out/tiny-gpt.json
+	$(BIN)/freezeopt simulate out/tiny-gpt.yaml --profile out/tiny-gpt.json --gantt out/tiny-gpt.png
 
 bench: install
 	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver.md

@@ -28,6 +28,7 @@ app = typer.Typer(
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     add_completion=False,
 )
 F = TypeVar("F", bound=Callable[..., Any])
@@ -70,6 +71,70 @@ def _root(
 
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+@app.command()
+@_friendly
+def profile(
+    job: Annotated[str, typer.Argument(help="Job spec (YAML) or a built-in job name (tiny-gpt).")],
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--out", help="Profile to write (default: profiles/<job name>.json)."),
+    ] = None,
+    schedule: Annotated[
+        str | None, typer.Option(help="Override the job's schedule (torch name or CSV file).")
+    ] = None,
+    ranks: Annotated[int | None, typer.Option(help="Override the number of ranks.")] = None,
+    stages_per_rank: Annotated[int | None, typer.Option(help="Override stages per rank.")] = None,
+    microbatches: Annotated[
+        int | None, typer.Option(help="Override microbatches per step.")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Override the batch size (samples per step).")
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option(help="Override the number of measured steps.")
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option(help="Override the number of warm-up steps.")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="Override the device: cpu or cuda.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the seed.")] = None,
+    no_progress: Annotated[
+        bool, typer.Option("--no-progress", help="No progress bar on stderr.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the summary as one JSON object.")
+    ] = False,
+) -> None:
+    """Run a real pipelined training job, measure it, and write its profile.
+
+    Spawns the ranks itself (gloo on CPU, nccl on CUDA), or joins torchrun's when RANK and
+    WORLD_SIZE are set; rank 0 writes the file. User code named in the job spec runs, as with any
+    training script; profile and schedule files are data only.
+
+    Example: freezeopt profile tiny-gpt -o profiles/tiny-gpt-1f1b.json
+    """
+    from freezeopt.profile import format_report, profile_job
+
+    given = {
+        "schedule": schedule, "ranks": ranks, "stages_per_rank": stages_per_rank,
+        "microbatches": microbatches, "batch_size": batch_size, "measure_steps": steps,
+        "warmup_steps": warmup, "device": device, "seed": seed,
+    }  # fmt: skip
+    overrides = {k: v for k, v in given.items() if v is not None}
+    target = out if out is not None else Path("profiles") / f"{_job_name(job)}.json"
+    report = profile_job(job, out=target, progress=not no_progress, overrides=overrides or None)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        typer.echo(format_report(report))
+
+
+def _job_name(job: str) -> str:
+    from freezeopt.job import load_job
+
+    return load_job(job).name
 
 
 @app.command()
