@@ -1,18 +1,31 @@
 """File and stream helpers at the edges: atomic writes (a reader sees the old file or the new one,
-never half of either) and keeping native libraries' chatter off stdout."""
+never half of either), bounded reads and safe decoding of the files people edit by hand (size
+limits, no YAML tags, no stack overflow on deep nesting), and keeping native libraries' chatter
+off stdout."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from freezeopt.errors import FreezeoptError
+import yaml
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "stdout_to_stderr"]
+from freezeopt.errors import FreezeoptError, InputError
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "load_json_file",
+    "load_yaml_file",
+    "read_text_file",
+    "stdout_to_stderr",
+]
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -60,3 +73,50 @@ def stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, out_fd)
         os.close(saved)
+
+
+def read_text_file(path: Path, *, what: str, limit: int, missing_hint: str) -> str:
+    """Read a UTF-8 text file of at most `limit` bytes; every failure is one InputError line."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > limit:
+            raise InputError(
+                f"{what} {p} is too large ({size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB)"
+            )
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what} {p} not found; {missing_hint}") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} {p} is a directory; pass a file") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} {p} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise InputError(f"cannot read {what} {p}: {e.strerror or e}") from None
+
+
+def load_json_file(path: Path, *, what: str, limit: int, missing_hint: str) -> Any:
+    """Read and decode a JSON file (no NaN/Infinity, bounded size and nesting)."""
+    text = read_text_file(path, what=what, limit=limit, missing_hint=missing_hint)
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError and the rejected constants
+        raise InputError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
+
+
+def load_yaml_file(path: Path, *, what: str, limit: int, missing_hint: str) -> Any:
+    """Read and decode a YAML file safely: plain data only, tags are never constructed."""
+    text = read_text_file(path, what=what, limit=limit, missing_hint=missing_hint)
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise InputError(f"{path}: YAML nested too deeply") from None
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else "parse error"
+        raise InputError(f"{path}: not valid YAML ({first})") from None
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not allowed")

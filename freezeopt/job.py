@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from freezeopt.errors import InputError
+from freezeopt.fileio import load_yaml_file
 
 if TYPE_CHECKING:
     import torch
@@ -209,18 +209,12 @@ def load_job(path_or_name: str | Path) -> Job:
         and (b := builtin_job_path(path_or_name)) is not None
     ):
         p = b
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InputError(
-            f"job spec {p} not found; pass a YAML file or the built-in job `tiny-gpt`"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read job spec {p}: {e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InputError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = load_yaml_file(
+        p,
+        what="job spec",
+        limit=1 * 2**20,
+        missing_hint="pass a YAML file or the built-in job `tiny-gpt`",
+    )
     return parse_job(data, source=str(p), base_dir=p.resolve().parent)
 
 

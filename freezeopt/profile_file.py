@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 PROFILE_VERSION = 1
+PROFILE_MAX_BYTES = 256 * 2**20
 _CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 NonNeg = Annotated[float, Field(ge=0)]
 Count = Annotated[int, Field(ge=0)]
@@ -295,24 +296,16 @@ def parse_profile(data: Any, *, source: str = "profile") -> Profile:
 
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file."""
+    from freezeopt.fileio import load_json_file
+
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InputError(
-            f"profile {p} not found; create one with `freezeopt profile` or `freezeopt synth`"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read profile {p}: {e}") from None
-    try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError) as e:
-        raise InputError(f"{p}: not valid JSON ({e})") from None
+    data = load_json_file(
+        p,
+        what="profile",
+        limit=PROFILE_MAX_BYTES,
+        missing_hint="create one with `freezeopt profile` or `freezeopt synth`",
+    )
     return parse_profile(data, source=str(p))
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not allowed")
 
 
 def profile_json_schema() -> dict[str, Any]:

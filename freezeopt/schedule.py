@@ -22,7 +22,7 @@ from freezeopt import __version__
 from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, MismatchError
-from freezeopt.fileio import atomic_write_text
+from freezeopt.fileio import atomic_write_text, load_yaml_file
 from freezeopt.profile_file import Profile
 from freezeopt.solve import SolveOptions, SolveResult
 
@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 SCHEDULE_VERSION = 1
+SCHEDULE_MAX_BYTES = 16 * 2**20
 _CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 Share = Annotated[float, Field(ge=0, le=1)]
 NonNeg = Annotated[float, Field(ge=0)]
@@ -323,19 +324,12 @@ def save_schedule(schedule: Schedule, path: str | Path) -> None:
 def load_schedule(path: str | Path) -> Schedule:
     """Read and validate a schedule file (safe YAML: no tags, no code)."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InputError(
-            f"schedule {p} not found; make one with `freezeopt solve PROFILE -o {p}`"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read schedule {p}: {e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        first = str(e).splitlines()[0] if str(e) else "parse error"
-        raise InputError(f"{p}: not valid YAML ({first})") from None
+    data = load_yaml_file(
+        p,
+        what="schedule",
+        limit=SCHEDULE_MAX_BYTES,
+        missing_hint=f"make one with `freezeopt solve PROFILE -o {p}`",
+    )
     return parse_schedule(data, source=str(p))
 
 

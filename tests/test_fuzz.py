@@ -1,0 +1,260 @@
+"""Fuzzing the file boundary: whatever a profile, schedule or job file holds, loading it (and the
+CLI commands that read it) either works or fails with a documented one-line error.
+
+`make test` runs a fast subset; `make reliability` raises FREEZEOPT_FUZZ_EXAMPLES to run well over
+10,000 cases and writes benchmarks/reliability.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from freezeopt.cli import app
+from freezeopt.dag import build_dag
+from freezeopt.errors import EXIT_CODES, FreezeoptError
+from freezeopt.job import load_job
+from freezeopt.profile_file import dump_profile, load_profile
+from freezeopt.schedule import (
+    Phases,
+    check_fits,
+    dump_schedule,
+    load_schedule,
+    schedule_from_result,
+    schedule_plan,
+)
+from freezeopt.sensitivity import estimate_signal
+from freezeopt.simulate import simulate
+from freezeopt.solve import SolveOptions, solve
+from tests.conftest import make_profile
+
+EXAMPLES = int(os.environ.get("FREEZEOPT_FUZZ_EXAMPLES", "150"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    derandomize=True,
+)
+ROOT = Path(__file__).resolve().parent.parent
+
+_PROFILE = json.loads(
+    dump_profile(
+        make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=2, groups=2, trace_steps=1)
+    )
+)
+
+
+def _schedule_data() -> dict[str, Any]:
+    from freezeopt.profile_file import profile_sha256
+
+    p = make_profile(ranks=2, microbatches=4, groups=2)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="heuristic", budget=0.3)
+    r = solve(dag, estimate_signal(p), opts)
+    s = schedule_from_result(
+        r, profile=p, profile_sha256=profile_sha256(p), dag=dag, opts=opts, phases=Phases()
+    )
+    return yaml.safe_load(dump_schedule(s))
+
+
+_SCHEDULE = _schedule_data()
+_JOB = yaml.safe_load((ROOT / "examples" / "tiny-gpt.yaml").read_text())
+
+_json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+)
+_json_value = st.recursive(
+    _json_leaf,
+    lambda c: st.one_of(
+        st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:4]):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _mutate(base: Any, seed: int, value: Any, how: int) -> Any:
+    """Copy `base` and change one place: replace a value, delete a key, or add one."""
+    data = json.loads(json.dumps(base))
+    rnd = random.Random(seed)
+    paths = [p for p in _paths(data) if p]
+    path = rnd.choice(paths)
+    parent = data
+    for k in path[:-1]:
+        parent = parent[k]
+    last = path[-1]
+    if how == 0:
+        parent[last] = value
+    elif how == 1 and isinstance(parent, dict):
+        del parent[last]
+    elif how == 1 and isinstance(parent, list):
+        parent.pop(last)
+    elif isinstance(parent, dict):
+        parent[f"x{seed % 7}"] = value
+    else:
+        parent.append(value)
+    return data
+
+
+def _text_mutation(text: str, seed: int) -> str:
+    rnd = random.Random(seed)
+    kind = seed % 4
+    i = rnd.randrange(len(text) + 1)
+    if kind == 0:
+        return text[:i]  # truncated
+    if kind == 1:
+        return (
+            text[:i]
+            + rnd.choice(
+                ["\x00", "{", "]", "!!python/object:os.system", "&a *a", "\ufffd", "1e999"]
+            )
+            + text[i:]
+        )
+    if kind == 2:
+        j = min(len(text), i + rnd.randrange(1, 40))
+        return text[:i] + text[j:]
+    return text[:i] + text[i:][::-1][:20] + text[i + 20 :]
+
+
+def _profile_pipeline(path: Path) -> None:
+    """Everything solve does with a profile, short of the LP."""
+    p = load_profile(path)
+    dag = build_dag(p)
+    simulate(dag)
+    for est in ("gns", "numel"):
+        with contextlib.suppress(FreezeoptError):
+            estimate_signal(p, est)  # type: ignore[arg-type]
+
+
+@FUZZ
+@given(seed=st.integers(0, 2**32), value=_json_value, how=st.integers(0, 2))
+def test_profile_structure_fuzz(tmp_path: Path, seed: int, value: Any, how: int) -> None:
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(_mutate(_PROFILE, seed, value, how), allow_nan=True))
+    try:
+        _profile_pipeline(f)
+    except FreezeoptError as e:
+        assert "\n" not in str(e)
+
+
+@FUZZ
+@given(seed=st.integers(0, 2**32))
+def test_profile_text_fuzz(tmp_path: Path, seed: int) -> None:
+    f = tmp_path / "p.json"
+    f.write_text(_text_mutation(json.dumps(_PROFILE), seed))
+    try:
+        _profile_pipeline(f)
+    except FreezeoptError as e:
+        assert "\n" not in str(e)
+
+
+@FUZZ
+@given(seed=st.integers(0, 2**32), value=_json_value, how=st.integers(0, 2))
+def test_schedule_fuzz(tmp_path: Path, seed: int, value: Any, how: int) -> None:
+    f = tmp_path / "s.yaml"
+    data = _mutate(_SCHEDULE, seed, value, how)
+    try:
+        f.write_text(yaml.safe_dump(data))
+    except (yaml.YAMLError, ValueError, TypeError):
+        return
+    if seed % 3 == 0:
+        f.write_text(_text_mutation(f.read_text(), seed))
+    p = make_profile(ranks=2, microbatches=4, groups=2)
+    try:
+        s = load_schedule(f)
+        check_fits(s, p)
+        schedule_plan(s, build_dag(p))
+    except FreezeoptError as e:
+        assert "\n" not in str(e)
+
+
+@FUZZ
+@given(seed=st.integers(0, 2**32), value=_json_value, how=st.integers(0, 2))
+def test_job_fuzz(tmp_path: Path, seed: int, value: Any, how: int) -> None:
+    f = tmp_path / "job.yaml"
+    try:
+        f.write_text(yaml.safe_dump(_mutate(_JOB, seed, value, how)))
+    except (yaml.YAMLError, ValueError, TypeError):
+        return
+    if seed % 3 == 0:
+        f.write_text(_text_mutation(f.read_text(), seed))
+    try:
+        load_job(f)
+    except FreezeoptError as e:
+        assert "\n" not in str(e)
+
+
+runner = CliRunner()
+
+
+@settings(
+    max_examples=max(20, EXAMPLES // 10),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(seed=st.integers(0, 2**32), value=_json_value, how=st.integers(0, 2))
+def test_cli_fuzz(tmp_path: Path, seed: int, value: Any, how: int) -> None:
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps(_mutate(_PROFILE, seed, value, how), allow_nan=True))
+    sched = tmp_path / "s.yaml"
+    sched.write_text(_text_mutation(yaml.safe_dump(_SCHEDULE), seed))
+    for args in (
+        ["solve", str(prof), "--mode", "heuristic", "--time-limit", "20"],
+        ["validate", str(sched), "--profile", str(prof)],
+        ["simulate", str(sched), "--profile", str(prof)],
+    ):
+        r = runner.invoke(app, args)
+        assert r.exit_code in EXIT_CODES, (args, r.exit_code, r.output)
+        assert "Traceback" not in r.output
+        if r.exit_code:
+            assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_oversized_files_are_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.json"
+    with big.open("w") as f:
+        f.write('{"schema_version": 1, "pad": "')
+        f.write("x" * (300 * 2**20))
+        f.write('"}')
+    with pytest.raises(FreezeoptError, match="too large"):
+        load_profile(big)
+    bigy = tmp_path / "big.yaml"
+    bigy.write_text("schema_version: 1\n" + "#" * (20 * 2**20))
+    with pytest.raises(FreezeoptError, match="too large"):
+        load_schedule(bigy)
+
+
+def test_deep_nesting_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "deep.json"
+    f.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(FreezeoptError):
+        load_profile(f)
+    g = tmp_path / "deep.yaml"
+    g.write_text("a: " + "[" * 20000 + "]" * 20000 + "\n")
+    with pytest.raises(FreezeoptError):
+        load_schedule(g)
