@@ -229,6 +229,12 @@ def solve_cmd(
     write_model: Annotated[
         Path | None, typer.Option(help="Write the PuLP model here (.lp or .mps).")
     ] = None,
+    fallback: Annotated[
+        str,
+        typer.Option(
+            help="none, or heuristic: on a solver failure, answer with the greedy heuristic."
+        ),
+    ] = "none",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Solve a profile for what to freeze where, and write the schedule.
@@ -242,7 +248,7 @@ def solve_cmd(
     opts = SolveOptions(
         mode=mode, solver=solver, budget=budget, group_cap=group_cap, stage_cap=stage_cap,  # type: ignore[arg-type]
         sensitivity=sensitivity, tolerance=tolerance, time_limit=time_limit, gap=gap,  # type: ignore[arg-type]
-        threads=threads, write_model=write_model,
+        threads=threads, write_model=write_model, fallback=fallback,  # type: ignore[arg-type]
     )  # fmt: skip
     r, _ = solve_file(
         profile,

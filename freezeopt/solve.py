@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -77,6 +77,10 @@ class SolveOptions:
     threads: int = 1
     write_model: Path | None = None
     """Write the phase-1 model here (`.lp` or `.mps`) and phase 2 beside it (`NAME.phase2.lp`)."""
+    fallback: Literal["none", "heuristic"] = "none"
+    """On a solver failure (missing, crashed, out of time before the LP solved): `heuristic` answers
+    with a greedy critical-path plan built without the LP (status `heuristic_fallback`, LP bound
+    replaced by the all-frozen floor) instead of failing."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +117,7 @@ def solve(
 ) -> SolveResult:
     """Decide what to freeze in `dag` under `opts`; see the module docstring."""
     _check_options(dag, signal, opts)
+    mode = opts.mode
     t0 = time.perf_counter()
     deadline = t0 + opts.time_limit
     baseline = simulate(dag).makespan
@@ -120,12 +125,24 @@ def solve(
     model = _Model(dag, signal, opts)
     notes: list[str] = []
 
-    lp1, lp_x = model.solve_lp(deadline, write=opts.write_model if opts.mode != "milp" else None)
+    try:
+        lp1, lp_x = model.solve_lp(
+            deadline, write=opts.write_model if opts.mode != "milp" else None
+        )
+    except SolverError as e:
+        if opts.fallback != "heuristic":
+            raise
+        notes.append(
+            f"{e}; answered with the greedy heuristic, without the LP (--fallback heuristic)"
+        )
+        notes.append("lp_bound_ms is the all-frozen floor: the LP bound is unknown")
+        lp1, lp_x = floor, {}
+        opts = replace(opts, mode="heuristic")
     if opts.mode == "lp":
         frozen, status = lp_x, "optimal"
     else:
         frozen = _round_and_fill(dag, model, lp_x)
-        status = "heuristic"
+        status = "heuristic_fallback" if notes else "heuristic"
         if opts.mode == "milp":
             frozen, status, milp_notes = model.solve_milp(frozen, deadline, write=opts.write_model)
             notes.extend(milp_notes)
@@ -133,7 +150,7 @@ def solve(
     lp_bound = min(lp1, predicted)
     return SolveResult(
         status=status,
-        mode=opts.mode,
+        mode=mode,
         solver=opts.solver,
         baseline_ms=baseline,
         all_frozen_ms=floor,
@@ -171,6 +188,8 @@ def _check_options(
         raise InputError(f"--gap must be in [0, 1) (got {o.gap})")
     if o.threads < 1:
         raise InputError(f"--threads must be at least 1 (got {o.threads})")
+    if o.fallback not in ("none", "heuristic"):
+        raise InputError(f"unknown fallback {o.fallback!r}; use none or heuristic")
     if o.mode not in MODES:
         raise InputError(f"unknown mode {o.mode!r}; use one of {', '.join(MODES)}")
     if o.solver not in SOLVERS:

@@ -1,0 +1,155 @@
+"""Faults at the edges: solver failures, full disks, and files that must never run code."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import freezeopt.solve as solve_mod
+from freezeopt.cli import app
+from freezeopt.dag import build_dag
+from freezeopt.errors import SolverError
+from freezeopt.fileio import atomic_write_text
+from freezeopt.sensitivity import estimate_signal
+from freezeopt.solve import SolveOptions, solve
+from tests.conftest import make_profile
+
+runner = CliRunner()
+
+
+def _profile_file(tmp_path: Path) -> Path:
+    out = tmp_path / "p.json"
+    assert (
+        runner.invoke(
+            app, ["synth", "--ranks", "2", "--microbatches", "4", "-o", str(out)]
+        ).exit_code
+        == 0
+    )
+    return out
+
+
+def test_solver_missing_is_exit_5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pulp.COIN_CMD.available", lambda self: False)
+    r = runner.invoke(app, ["solve", str(_profile_file(tmp_path))])
+    assert r.exit_code == 5
+    assert (
+        r.stderr
+        == "error: CBC is not available: install pulp==3.3.2 (it bundles CBC) or use --solver highs\n"
+    )
+
+
+def test_solver_failure_with_and_without_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = make_profile(ranks=4, microbatches=8)
+    dag = build_dag(p)
+    monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
+    with pytest.raises(SolverError, match="did not solve"):
+        solve(dag, estimate_signal(p), SolveOptions(mode="milp"))
+    r = solve(dag, estimate_signal(p), SolveOptions(mode="milp", budget=0.1, fallback="heuristic"))
+    assert r.status == "heuristic_fallback"
+    assert r.mode == "milp"
+    assert r.frozen and r.signal_dropped <= 0.1 + 1e-9
+    assert r.predicted_ms < r.baseline_ms
+    assert r.lp_bound_ms == pytest.approx(r.all_frozen_ms)
+    assert any("--fallback heuristic" in n for n in r.notes)
+
+
+def test_cli_fallback_writes_a_valid_schedule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
+    prof, out = _profile_file(tmp_path), tmp_path / "s.yaml"
+    assert runner.invoke(app, ["solve", str(prof), "-o", str(out)]).exit_code == 5
+    assert not out.exists()
+    r = runner.invoke(
+        app, ["solve", str(prof), "-o", str(out), "--fallback", "heuristic", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["status"] == "heuristic_fallback"
+    assert runner.invoke(app, ["validate", str(out), "--profile", str(prof)]).exit_code == 0
+    assert yaml.safe_load(out.read_text())["provenance"]["status"] == "heuristic_fallback"
+
+
+@pytest.mark.parametrize("where", ["write", "fsync", "replace"])
+def test_full_disk_leaves_the_previous_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    target = tmp_path / "s.yaml"
+    target.write_text("previous\n")
+
+    def enospc(*a: object, **k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "fsync":
+        monkeypatch.setattr(os, "fsync", enospc)
+    elif where == "replace":
+        monkeypatch.setattr(os, "replace", enospc)
+    else:
+        real_fdopen = os.fdopen
+
+        class Full:
+            def __init__(self, f):  # type: ignore[no-untyped-def]
+                self.f = f
+
+            def __enter__(self):  # type: ignore[no-untyped-def]
+                return self
+
+            def __exit__(self, *a):  # type: ignore[no-untyped-def]
+                self.f.close()
+
+            def write(self, data):  # type: ignore[no-untyped-def]
+                enospc()
+
+        monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
+    with pytest.raises(Exception, match="No space left on device; the previous file is unchanged"):
+        atomic_write_text(target, "new\n")
+    assert target.read_text() == "previous\n"
+    assert [f.name for f in tmp_path.iterdir()] == ["s.yaml"], "no temporary file left behind"
+
+
+def test_full_disk_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prof = _profile_file(tmp_path)
+    out = tmp_path / "s.yaml"
+    out.write_text("previous\n")
+
+    def enospc(*a: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", enospc)
+    r = runner.invoke(app, ["solve", str(prof), "-o", str(out)])
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error: cannot write") and "previous file is unchanged" in r.stderr
+    assert out.read_text() == "previous\n"
+
+
+def test_files_are_data_only(tmp_path: Path) -> None:
+    """No loader imports, evaluates or executes anything a profile or schedule says."""
+    marker = tmp_path / "ran"
+    payloads = [
+        f"!!python/object/apply:os.system ['touch {marker}']",
+        f"!!python/object/new:subprocess.Popen [['touch', '{marker}']]",
+        "!!python/name:os.system",
+    ]
+    prof = _profile_file(tmp_path)
+    sched = tmp_path / "s.yaml"
+    assert runner.invoke(app, ["solve", str(prof), "-o", str(sched)]).exit_code == 0
+    text = sched.read_text()
+    for payload in payloads:
+        evil = tmp_path / "evil.yaml"
+        evil.write_text(text.replace("mode: milp", f"mode: {payload}"))
+        r = runner.invoke(app, ["validate", str(evil), "--profile", str(prof)])
+        assert r.exit_code == 2 and "not valid YAML" in r.stderr
+        data = json.loads(prof.read_text())
+        data["pipeline"]["schedule"] = "__import__('os').system('touch " + str(marker) + "')"
+        evilp = tmp_path / "evil.json"
+        evilp.write_text(json.dumps(data))
+        r = runner.invoke(app, ["solve", str(evilp), "--mode", "heuristic"])
+        assert r.exit_code == 0  # the name is just a string: nothing is evaluated
+    assert not marker.exists()
