@@ -103,10 +103,11 @@ def estimate_signal(
             if estimator == "gns":
                 assert g2_est is not None and bnoise is not None
                 scale = share / (m * b / (m * b + bnoise))  # |G|² in normalised units
-                loss = tuple(
-                    share - scale * (m - k) * b / ((m - k) * b + bnoise) for k in range(m + 1)
-                )
-                loss = (0.0, *loss[1:-1], share)
+                # progress with n samples is ∝ n/(n + B); all of it is lost at k = M
+                kept = [
+                    (m - k) * b / ((m - k) * b + bnoise) if k < m else 0.0 for k in range(m + 1)
+                ]
+                loss = (0.0, *(share - scale * kk for kk in kept[1:-1]), share)
             else:
                 loss = tuple(share * k / m for k in range(m + 1))
             row.append(
