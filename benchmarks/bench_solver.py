@@ -443,7 +443,8 @@ def bench_lp(runner: Runner, sizes: list[tuple[int, int]], timeout: float) -> di
                 case = {
                     "kind": "solve",
                     "spec": [sched, size[0], size[1], LP_GROUPS],
-                    "opts": {"mode": "lp", "solver": solver, "threads": 1},
+                    # the solve's own time limit sits just above the harness timeout
+                    "opts": {"mode": "lp", "solver": solver, "threads": 1, "time_limit": t + 5},
                 }
                 log(f"lp {sched} {_size(size)} {solver} (timeout {t:.0f} s) …")
                 out[key] = runner.run(case, t)
@@ -510,7 +511,11 @@ def bench_dense(
                     "max_bytes": max_bytes,
                 }
             else:
-                case = {"kind": "solve", "spec": spec, "opts": {**TF_OPTS, "threads": 1}}
+                case = {
+                    "kind": "solve",
+                    "spec": spec,
+                    "opts": {**TF_OPTS, "threads": 1, "time_limit": t + 5},
+                }
             log(f"{kind} LP {_size(size)} (timeout {t:.0f} s) …")
             out[key] = runner.run(case, t)
             log(f"  → {_brief(out[key])}")
