@@ -2,6 +2,7 @@
 #   make demo    profile the built-in job for real → solve → simulate → Gantt (files in out/)
 #   make test    the test suite
 #   make bench   solver benchmarks → benchmarks/solver.md
+#   make reliability  fuzzing (>10,000 cases) and fault injection → benchmarks/reliability.md
 #   make lint    ruff + mypy
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ PIP_EXTRA ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench reliability lint clean
 
 install: $(STAMP)
 
@@ -34,6 +35,9 @@ demo: install
 
 bench: install
 	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver.md
+
+reliability: install
+	$(BIN)/python benchmarks/reliability.py --out benchmarks/reliability.md
 
 lint: install
 	$(BIN)/ruff check freezeopt tests benchmarks
