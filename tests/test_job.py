@@ -299,7 +299,7 @@ def test_the_documented_user_model_example_is_valid(
     """docs/profiling.md's `mymodel.py` and `my-job.yaml` are a working pair."""
     import yaml
 
-    from freezeopt.profile import _check_parts, _plan
+    from freezeopt.pipeline import check_parts, plan_pipeline
 
     doc = (REPO / "docs" / "profiling.md").read_text()
     blocks = re.findall(r"```(python|yaml)\n(.*?)```", doc, flags=re.S)
@@ -309,7 +309,7 @@ def test_the_documented_user_model_example_is_valid(
     monkeypatch.syspath_prepend(str(tmp_path))
     job = parse_job(yaml.safe_load(spec), source="docs")
     parts = resolve_model(job)(n_stages=2, seq_len=job.seq_len, **job.model_args)
-    groups = _check_parts(job, _plan(job), parts)
+    groups = check_parts(job, plan_pipeline(job), parts)
     assert [g for g, _ in groups[0]] == ["embed", "mix"] and [g for g, _ in groups[1]] == [
         "hidden",
         "head",
