@@ -215,7 +215,7 @@ def solve_cmd(
     stage_cap: Annotated[
         float | None, typer.Option(help="Cap on a stage's mean freeze ratio (TimelyFreeze: 0.9).")
     ] = None,
-    sensitivity: Annotated[str, typer.Option(help="gns, norm, numel or flat.")] = "gns",
+    sensitivity: Annotated[str, typer.Option(help="gns, gns-raw, norm, numel or flat.")] = "gns",
     tolerance: Annotated[
         float, typer.Option(help="Step-time slack phase 2 may use to drop less signal.")
     ] = 0.0,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
@@ -30,6 +30,7 @@ __all__ = [
     "SCHEDULE_VERSION",
     "Drift",
     "Phases",
+    "Realisation",
     "Schedule",
     "check_fits",
     "dump_schedule",
@@ -112,6 +113,24 @@ class Drift:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Realisation:
+    """How the runtime turns the file into frozen parameters."""
+
+    __pydantic_config__ = _CONFIG
+    kind: Literal["groups", "random_tensors"] = "groups"
+    """`groups`: freeze whole groups as `frozen` lists them (fractional `ratios` are rounded per
+    microbatch with a seeded draw). `random_tensors`: TimelyFreeze's realisation — in microbatch m
+    of stage s, freeze round(r·n) of the stage's n parameter tensors chosen at random, r being the
+    stage's ratio for m in `ratios` (or 1 where `frozen` lists the group)."""
+    redraw_every: Annotated[int, Field(ge=1)] = 10
+    """`random_tensors`: draw a new random choice every this many steps."""
+    rescale: bool = True
+    """Rescale a partly frozen group's gradient by M/(M−k) (TimelyFreeze does not)."""
+    seed: int = 0
+    """Seed of the random draws."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Phases:
     """Training phases the runtime follows."""
 
@@ -160,6 +179,8 @@ class Schedule:
     ratios: dict[int, dict[str, dict[int, Share]]] = field(default_factory=dict)
     """`lp` mode only: per stage, group and microbatch, a fraction (0, 1) of the group's weight-gradient work to
     skip (whole-group freezes are listed under `frozen`)."""
+    realisation: Realisation = field(default_factory=Realisation)
+    """How the runtime realises the plan (defaults: whole groups, rescaled)."""
 
 
 _ADAPTER: TypeAdapter[Schedule] = TypeAdapter(Schedule)
@@ -206,6 +227,8 @@ def schedule_from_result(
     dag: PipelineDag,
     opts: SolveOptions,
     phases: Phases,
+    realisation: Realisation | None = None,
+    label: str | None = None,
 ) -> Schedule:
     """The schedule file for a solve result."""
     frozen: dict[int, dict[str, list[int]]] = {}
@@ -224,7 +247,7 @@ def schedule_from_result(
             freezeopt=__version__,
             profile_sha256=profile_sha256,
             profile_source=profile.provenance.source,
-            mode=result.mode,
+            mode=label or result.mode,
             solver=result.solver,
             status=result.status,
             sensitivity=opts.sensitivity,
@@ -266,6 +289,7 @@ def schedule_from_result(
             }
             for s in sorted(ratios)
         },
+        realisation=realisation or Realisation(),
     )
 
 

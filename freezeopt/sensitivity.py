@@ -1,26 +1,32 @@
 """What freezing a parameter group costs in gradient signal, estimated from profiled gradient traces.
 
 The solver needs, for every (stage, group), the share of one step's expected progress that is
-lost when the group is frozen in k of the step's M microbatches. Four estimators:
+lost when the group is frozen in k of the step's M microbatches. Each estimator is a *weight*
+per group (its share of the step's progress; all groups sum to 1) times a *curve* (the fraction
+of that group's progress lost at k):
 
-* `gns` (default): the gradient noise scale of McCandlish et al. (2018). From the mean squared
-  norm of per-microbatch gradients (batch b) and the squared norm of the step's mean gradient
-  (batch M·b), unbiased estimates of the true-gradient norm |G|² and the noise tr(Σ) follow:
+* `gns` (default) — curve from the gradient noise scale of McCandlish et al. (2018), weight from
+  the parameter count. From the mean squared norm of per-microbatch gradients (batch b) and the
+  squared norm of the step's mean gradient (batch M·b), unbiased estimates of the true-gradient
+  norm |G|² and the noise tr(Σ) follow:
       |G|² ≈ (Mb·|g_Mb|² − b·|g_b|²) / (Mb − b),   tr(Σ) ≈ (|g_b|² − |g_Mb|²) / (1/b − 1/(Mb)).
-  One step with n samples makes progress ∝ |G|² · n / (n + B) with B = tr(Σ)/|G|². Freezing the
-  group in k microbatches leaves n = (M−k)·b (the runtime rescales the rest to stay unbiased),
-  so the loss is P(Mb) − P((M−k)b): convex in k, zero at k = 0, all of P(Mb) at k = M. A group
+  One step with n samples makes progress ∝ n / (n + B), B = tr(Σ)/|G|². Freezing the group in k
+  microbatches leaves n = (M−k)·b (the runtime rescales the rest to stay unbiased), so the group
+  loses 1 − P((M−k)b)/P(Mb) of its progress: convex in k, 0 at k = 0, all of it at k = M. A group
   with a clean gradient (B ≪ M·b) is saturated and loses little when a few microbatches are
-  dropped; a noisy one (B ≫ M·b) loses in proportion to the samples it misses.
+  dropped; a noisy one (B ≫ M·b) loses in proportion to the samples it misses. The weight is the
+  group's share of the parameters, because Adam-style optimizers normalise every parameter's step:
+  raw |G|² shares are dominated by a few large-gradient layers (on the built-in job the output
+  head holds 92 % of |G|²) and would call every other block nearly free to freeze.
   Estimates average numerator and denominator over steps (ratio of means) and clamp |G|² to a
   small positive floor where noise swamps it.
-* `norm`: linear, each group's share of the step gradient's squared norm, per microbatch.
-* `numel`: linear, each group's share of the parameters.
-* `flat`: linear, every group weighs the same (with one group per stage and a per-stage cap this
-  makes the LP TimelyFreeze's).
+* `gns-raw` — the same curve, weighted by |G|²·Mb/(Mb + B): McCandlish's progress for plain SGD.
+* `norm` — linear curve, weighted by the group's share of the step gradient's squared norm.
+* `numel` — linear curve, weighted by the parameter count.
+* `flat` — linear curve, every group the same weight (with one group per stage and a per-stage cap
+  this makes the LP TimelyFreeze's).
 
-Losses are normalised so that all groups together hold 1.0: the budget ε then reads "lose at
-most ε of one step's expected progress".
+The budget ε then reads "lose at most ε of one step's expected progress".
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from freezeopt.profile_file import Profile
 
 __all__ = ["ESTIMATORS", "Estimator", "GroupSignal", "estimate_signal"]
 
-Estimator = Literal["gns", "norm", "numel", "flat"]
-ESTIMATORS: tuple[Estimator, ...] = ("gns", "norm", "numel", "flat")
+Estimator = Literal["gns", "gns-raw", "norm", "numel", "flat"]
+ESTIMATORS: tuple[Estimator, ...] = ("gns", "gns-raw", "norm", "numel", "flat")
 _FLOOR = 1e-9
 
 
@@ -65,7 +71,8 @@ def estimate_signal(
     m = profile.pipeline.n_microbatches
     keys = [(st.stage, g.name) for st in profile.stages for g in st.groups]
     traces = {(t.stage, t.group): t for t in profile.gradients}
-    if estimator in ("gns", "norm"):
+    curved = estimator in ("gns", "gns-raw")
+    if curved or estimator == "norm":
         missing = [k for k in keys if k not in traces or not traces[k].step_sq_norms]
         if missing:
             stage, group = missing[0]
@@ -73,9 +80,9 @@ def estimate_signal(
                 f"sensitivity {estimator!r} needs gradient traces, but the profile has none for stage {stage} group "
                 f"{group!r}; re-profile, or pass --sensitivity numel"
             )
-    if estimator == "gns" and m < 2:
+    if curved and m < 2:
         raise InputError(
-            "sensitivity 'gns' needs at least 2 microbatches per step; pass --sensitivity norm"
+            f"sensitivity {estimator!r} needs at least 2 microbatches per step; pass --sensitivity numel"
         )
 
     raw: dict[tuple[int, str], tuple[float, float | None, float | None]] = {}
@@ -92,7 +99,8 @@ def estimate_signal(
                 raw[k] = (sum(t.step_sq_norms) / len(t.step_sq_norms), None, None)
             else:
                 g2, noise = _gns(traces[k].microbatch_sq_norms, traces[k].step_sq_norms, b, m)
-                raw[k] = (g2 * m * b / (m * b + noise), g2, noise / g2)
+                weight = g2 * m * b / (m * b + noise) if estimator == "gns-raw" else float(g.numel)
+                raw[k] = (weight, g2, noise / g2)
     total = sum(max(v[0], 0.0) for v in raw.values())
     out = []
     for st in profile.stages:
@@ -100,14 +108,15 @@ def estimate_signal(
         for g in st.groups:
             p, g2_est, bnoise = raw[(st.stage, g.name)]
             share = max(p / total if total > 0 else 1.0 / len(keys), _FLOOR)
-            if estimator == "gns":
-                assert g2_est is not None and bnoise is not None
-                scale = share / (m * b / (m * b + bnoise))  # |G|² in normalised units
+            if curved:
+                assert bnoise is not None
                 # progress with n samples is ∝ n/(n + B); all of it is lost at k = M
+                full = m * b / (m * b + bnoise)
                 kept = [
-                    (m - k) * b / ((m - k) * b + bnoise) if k < m else 0.0 for k in range(m + 1)
+                    (m - k) * b / ((m - k) * b + bnoise) / full if k < m else 0.0
+                    for k in range(m + 1)
                 ]
-                loss = (0.0, *(share - scale * kk for kk in kept[1:-1]), share)
+                loss = (0.0, *(share * (1.0 - kk) for kk in kept[1:-1]), share)
             else:
                 loss = tuple(share * k / m for k in range(m + 1))
             row.append(

@@ -1,0 +1,240 @@
+"""Freezing policies to compare freezeopt against, each written as a schedule file.
+
+Every policy becomes a schedule file that the same runtime replays, so a comparison changes the
+plan and nothing else. All are built from one profile, at matched budgets where the notion applies
+(the budget is freezeopt's: a share of one step's expected progress, from `sensitivity`):
+
+* `none`: nothing frozen — the reference;
+* `uniform`: every backward freezes the same number of groups, picked at random (seeded), as many
+  as the budget allows; blind to the schedule and to which groups matter;
+* `stability`: APF/AutoFreeze-style — freeze whole groups (every microbatch, so their gradient is
+  `None` and they stop moving) in order of their stability statistic (lowest APF effective
+  perturbation first, i.e. most converged), as many as the budget allows; blind to the schedule;
+* `timelyfreeze`: a re-creation of TimelyFreeze — its LP (one freeze ratio per action, all of a
+  stage's groups freezing together, per-stage mean cap 0.9, makespan first then least freezing),
+  realised as round(r·n) random parameter tensors per microbatch, redrawn every 10 steps, with no
+  gradient rescaling (`Realisation(kind="random_tensors", rescale=False)`);
+* `freezeopt` / `freezeopt-heuristic`: our MILP and heuristic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Literal
+
+from freezeopt.actions import Action
+from freezeopt.dag import PipelineDag, build_dag
+from freezeopt.errors import InputError
+from freezeopt.profile_file import GroupProfile, Profile, StageProfile, Stat, profile_sha256
+from freezeopt.schedule import Phases, Realisation, Schedule, schedule_from_result
+from freezeopt.sensitivity import Estimator, estimate_signal
+from freezeopt.simulate import simulate
+from freezeopt.solve import SolveOptions, SolveResult, _Model, solve
+
+__all__ = ["POLICIES", "Policy", "merged_profile", "policy_schedule"]
+
+Policy = Literal["none", "uniform", "stability", "timelyfreeze", "freezeopt", "freezeopt-heuristic"]
+POLICIES: tuple[Policy, ...] = (
+    "none",
+    "uniform",
+    "stability",
+    "timelyfreeze",
+    "freezeopt",
+    "freezeopt-heuristic",
+)
+Key = tuple[Action, int]
+
+
+def policy_schedule(
+    profile: Profile,
+    policy: Policy,
+    *,
+    budget: float = 0.1,
+    sensitivity: Estimator = "gns",
+    phases: Phases | None = None,
+    seed: int = 0,
+    time_limit: float = 60.0,
+    stage_cap: float = 0.9,
+) -> tuple[Schedule, SolveResult]:
+    """The schedule file of `policy` for `profile` (and the figures behind it)."""
+    if policy not in POLICIES:
+        raise InputError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
+    phases = phases or Phases()
+    dag = build_dag(profile)
+    signal = estimate_signal(profile, sensitivity)
+    opts = SolveOptions(
+        mode="lp", budget=budget, sensitivity=sensitivity, time_limit=time_limit, group_cap=1.0
+    )
+    sha = profile_sha256(profile)
+    realisation = None
+    if policy in ("freezeopt", "freezeopt-heuristic"):
+        opts = SolveOptions(
+            mode="milp" if policy == "freezeopt" else "heuristic",
+            budget=budget,
+            sensitivity=sensitivity,
+            time_limit=time_limit,
+        )
+        result = solve(dag, signal, opts)
+    elif policy == "timelyfreeze":
+        result = _timelyfreeze(profile, dag, stage_cap=stage_cap, time_limit=time_limit)
+        realisation = Realisation(kind="random_tensors", redraw_every=10, rescale=False, seed=seed)
+        opts = SolveOptions(
+            mode="lp", budget=1.0, group_cap=1.0, stage_cap=stage_cap, sensitivity="flat"
+        )
+    else:
+        model = _Model(dag, signal, opts)
+        if policy == "none":
+            plan: dict[Key, float] = {}
+        elif policy == "uniform":
+            plan = _uniform(dag, model, seed)
+        else:
+            plan = _stability(profile, dag, model)
+        result = _result_of(dag, model, plan, policy, budget)
+    sched = schedule_from_result(
+        result,
+        profile=profile,
+        profile_sha256=sha,
+        dag=dag,
+        opts=opts,
+        phases=phases,
+        realisation=realisation,
+        label=policy,
+    )
+    return sched, result
+
+
+def _result_of(
+    dag: PipelineDag, model: _Model, plan: dict[Key, float], policy: str, budget: float
+) -> SolveResult:
+    baseline = simulate(dag).makespan
+    predicted = simulate(dag, dag.durations(plan)).makespan
+    floor = simulate(dag, dag.durations(dag.all_frozen())).makespan
+    return SolveResult(
+        status="policy",
+        mode="heuristic",
+        solver="cbc",
+        baseline_ms=baseline,
+        all_frozen_ms=floor,
+        lp_bound_ms=floor,
+        predicted_ms=predicted,
+        gap=(predicted - floor) / predicted if predicted else 0.0,
+        signal_dropped=model.signal_of(plan),
+        solve_seconds=0.0,
+        frozen=dict(sorted(plan.items())),
+        budget=budget,
+        notes=(f"{policy}: lp_bound_ms is the all-frozen floor (no LP solved)",),
+    )
+
+
+def _backwards(dag: PipelineDag) -> list[Action]:
+    return [a for a in dag.order if a.has_weight_grad]
+
+
+def _uniform(dag: PipelineDag, model: _Model, seed: int) -> dict[Key, float]:
+    """The same number of random groups in every backward; the most the budget allows."""
+    acts = _backwards(dag)
+    best: dict[Key, float] = {}
+    n_max = max((len(dag.group_names[a.stage]) for a in acts), default=0)
+    # total freezes N spread evenly: each action gets N // A or one more, groups drawn at random
+    lo, hi = 0, len(acts) * n_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        plan = _spread(dag, acts, mid, seed)
+        if model.signal_of(plan) <= model.opts.budget + 1e-12:
+            lo, best = mid, plan
+        else:
+            hi = mid - 1
+    return best if lo else {}
+
+
+def _spread(dag: PipelineDag, acts: list[Action], total: int, seed: int) -> dict[Key, float]:
+    rnd = random.Random(seed)
+    plan: dict[Key, float] = {}
+    per, extra = divmod(total, len(acts)) if acts else (0, 0)
+    order = sorted(acts, key=lambda a: (a.microbatch, a.stage))
+    extra_set = set(random.Random(seed + 1).sample(range(len(order)), extra)) if extra else set()
+    for i, a in enumerate(order):
+        n = min(len(dag.group_names[a.stage]), per + (1 if i in extra_set else 0))
+        for g in rnd.sample(range(len(dag.group_names[a.stage])), n):
+            plan[(a, g)] = 1.0
+    return plan
+
+
+def _stability(profile: Profile, dag: PipelineDag, model: _Model) -> dict[Key, float]:
+    """Freeze the most stable groups entirely (every microbatch), while the budget allows."""
+    traces = {(t.stage, t.group): t for t in profile.gradients}
+
+    def stat(s: int, name: str) -> float:
+        t = traces.get((s, name))
+        ep = t.effective_perturbation if t is not None else ()
+        return sum(ep) / len(ep) if ep else 1.0
+
+    ranked = sorted(
+        (
+            (stat(s, name), s, g)
+            for s, names in enumerate(dag.group_names)
+            for g, name in enumerate(names)
+        ),
+    )
+    plan: dict[Key, float] = {}
+    acts = _backwards(dag)
+    for _, s, g in ranked:
+        trial = dict(plan)
+        for a in acts:
+            if a.stage == s:
+                trial[(a, g)] = 1.0
+        if model.signal_of(trial) <= model.opts.budget + 1e-12:
+            plan = trial
+    return plan
+
+
+def merged_profile(profile: Profile) -> Profile:
+    """The profile with each stage's groups merged into one (`all`), as TimelyFreeze sees a stage."""
+    stages = []
+    for st in profile.stages:
+        cost = sum(g.weight_grad_ms.median for g in st.groups)
+        merged = GroupProfile(
+            name="all",
+            params=tuple(p for g in st.groups for p in g.params),
+            numel=sum(g.numel for g in st.groups),
+            weight_grad_ms=Stat(
+                median=cost,
+                p10=cost,
+                p90=cost,
+                n=max((g.weight_grad_ms.n for g in st.groups), default=0),
+            ),
+        )
+        stages.append(StageProfile(stage=st.stage, rank=st.rank, groups=(merged,)))
+    return dataclasses.replace(profile, stages=tuple(stages), gradients=())
+
+
+def _timelyfreeze(
+    profile: Profile, dag: PipelineDag, *, stage_cap: float, time_limit: float
+) -> SolveResult:
+    """TimelyFreeze's LP on the merged profile; its per-action ratio applies to every group of the stage."""
+    merged = merged_profile(profile)
+    mdag = build_dag(merged)
+    opts = SolveOptions(
+        mode="lp",
+        budget=1.0,
+        group_cap=1.0,
+        stage_cap=stage_cap,
+        sensitivity="flat",
+        time_limit=time_limit,
+    )
+    r = solve(mdag, estimate_signal(merged, "flat"), opts)
+    ratio = {a: x for (a, _), x in r.frozen.items()}
+    frozen = {(a, g): x for a, x in ratio.items() for g in range(len(dag.group_names[a.stage]))}
+    signal = estimate_signal(profile, "gns") if profile.gradients else None
+    dropped = _Model(dag, signal, SolveOptions()).signal_of(frozen) if signal else r.signal_dropped
+    return dataclasses.replace(
+        r,
+        frozen=frozen,
+        signal_dropped=min(1.0, dropped),
+        status="optimal",
+        notes=(
+            *r.notes,
+            "timelyfreeze: signal_dropped uses freezeopt's gns estimate of the same plan",
+        ),
+    )
