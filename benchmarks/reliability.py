@@ -7,7 +7,8 @@ Three parts:
 * edge faults — solver missing or failing, full disk, files that try to run code
   (tests/test_faults.py), run through pytest and counted from its JUnit report;
 * distributed faults — real multi-process runs of `freezeopt profile` with a rank that crashes,
-  is killed, or hangs: time to detect, the error, no profile written, no process left behind.
+  is killed (SIGKILL), or hangs, and a rendezvous port already in use: time to detect, the
+  error, no profile written, no process left behind.
 """
 
 from __future__ import annotations
@@ -165,11 +166,27 @@ def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
         out = tmp / f"{fault.replace(':', '_').replace(',', '_')}.json"
         before = set(_children_alive(set()))
         t0 = time.perf_counter()
+        taken = None
         try:
-            profile_job(job, out=out, progress=False, fault=fault)
+            if fault == "port-in-use":  # the rendezvous port is already bound by someone else
+                import socket
+
+                import freezeopt.launch as launch
+
+                taken = socket.socket()
+                taken.bind(("127.0.0.1", 0))
+                taken.listen(1)
+                port = taken.getsockname()[1]
+                launch._free_port = lambda: port  # type: ignore[assignment]
+                profile_job(job, out=out, progress=False)
+            else:
+                profile_job(job, out=out, progress=False, fault=fault)
             msg, good = "no error raised", False
         except FreezeoptError as e:
             msg, good = str(e), True
+        finally:
+            if taken is not None:
+                taken.close()
         dt = time.perf_counter() - t0
         left = _children_alive(before)
         good = good and not out.exists() and not left
@@ -187,7 +204,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reliability.md")
     ap.add_argument("--examples", type=int, default=2500, help="hypothesis examples per fuzz test")
     args = ap.parse_args()
-    faults = ["crash:rank=1,step=2", "hang:rank=1,step=1"]
+    faults = ["crash:rank=1,step=2", "kill:rank=1,step=2", "hang:rank=1,step=1", "port-in-use"]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         t0 = time.perf_counter()

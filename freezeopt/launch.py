@@ -97,22 +97,23 @@ class RankFailedError(FreezeoptError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fault:
-    """A test-only injected failure: rank `rank` crashes or hangs in its first forward of `step`."""
+    """A test-only injected failure: rank `rank` crashes (raises), is killed (SIGKILL, no cleanup
+    at all) or hangs in its first forward of `step`."""
 
-    kind: Literal["crash", "hang"]
+    kind: Literal["crash", "kill", "hang"]
     rank: int
     step: int
 
 
-_FAULT_RE = re.compile(r"^(crash|hang):rank=(\d+),step=(\d+)$")
+_FAULT_RE = re.compile(r"^(crash|kill|hang):rank=(\d+),step=(\d+)$")
 
 
 def parse_fault(text: str) -> Fault:
-    """Parse `crash:rank=1,step=2` or `hang:rank=0,step=3`."""
+    """Parse `crash:rank=1,step=2`, `kill:rank=1,step=2` or `hang:rank=0,step=3`."""
     m = _FAULT_RE.match(text.replace(" ", ""))
     if m is None:
         raise InputError(
-            f"fault {text!r} is malformed; write e.g. crash:rank=1,step=2 or hang:rank=0,step=3"
+            f"fault {text!r} is malformed; write e.g. crash:rank=1,step=2, kill:rank=1,step=2 or hang:rank=0,step=3"
         )
     return Fault(kind=m.group(1), rank=int(m.group(2)), step=int(m.group(3)))  # type: ignore[arg-type]
 
@@ -442,7 +443,8 @@ def _supervise(
         for r, p in enumerate(procs):
             if p.exitcode is not None and r not in results and r not in errs:
                 dead_since.setdefault(r, now)
-                if now - dead_since[r] > 2.0:  # its report never came: it died without one
+                # killed by a signal: no report can come; otherwise give the report 2 s to arrive
+                if p.exitcode < 0 or now - dead_since[r] > 2.0:
                     how = (
                         f"killed by signal {-p.exitcode}"
                         if p.exitcode < 0

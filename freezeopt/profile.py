@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import socket
 import threading
 import time
@@ -314,6 +315,8 @@ class _Runner:
                     raise RuntimeError(
                         f"injected fault: rank {self.rank} crashes in {s}F{mb} of step {f.step}"
                     )
+                if f.kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)  # injected: dies with no cleanup at all
                 threading.Event().wait()  # injected hang: block forever
             self.beat.computing(s, kind, mb)
             self.cur = (s, kind, mb)
