@@ -177,7 +177,7 @@ def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
                 taken.bind(("127.0.0.1", 0))
                 taken.listen(1)
                 port = taken.getsockname()[1]
-                launch._free_port = lambda: port  # type: ignore[assignment]
+                launch._free_port = lambda port=port: port  # type: ignore[assignment,misc]
                 profile_job(job, out=out, progress=False)
             else:
                 profile_job(job, out=out, progress=False, fault=fault)
