@@ -51,6 +51,9 @@ class TinyGPTConfig:
     n_heads: int = 4
     n_layers: int = 8
     mlp_ratio: int = 4
+    head_hidden: int = 0
+    """0: a linear LM head. > 0: a two-layer head through this many units, which makes the last
+    stage heavier the way a large-vocabulary head does in real models (the unbalanced example)."""
 
 
 class Block(nn.Module):
@@ -106,7 +109,17 @@ class GPTStage(nn.Module):
         self.embed = Embed(cfg, seq_len) if is_first else None
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(first, last)})
         self.norm = nn.LayerNorm(cfg.d_model) if is_last else None
-        self.head = nn.Linear(cfg.d_model, VOCAB, bias=False) if is_last else None
+        self.head: nn.Module | None = None
+        if is_last:
+            self.head = (
+                nn.Sequential(
+                    nn.Linear(cfg.d_model, cfg.head_hidden),
+                    nn.GELU(),
+                    nn.Linear(cfg.head_hidden, VOCAB, bias=False),
+                )
+                if cfg.head_hidden > 0
+                else nn.Linear(cfg.d_model, VOCAB, bias=False)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
@@ -132,7 +145,11 @@ def build_model(*, n_stages: int, seq_len: int, **model_args: int) -> ModelParts
         raise InputError(
             f"tiny-gpt model_args accepts {known}; got {', '.join(sorted(model_args))}"
         ) from None
-    if min(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.mlp_ratio) < 1 or cfg.d_model % cfg.n_heads:
+    if (
+        min(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.mlp_ratio) < 1
+        or cfg.head_hidden < 0
+        or cfg.d_model % cfg.n_heads
+    ):
         raise InputError(
             f"tiny-gpt needs positive sizes and d_model ({cfg.d_model}) divisible by n_heads ({cfg.n_heads})"
         )
