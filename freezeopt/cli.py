@@ -131,6 +131,91 @@ def profile(
         typer.echo(format_report(report))
 
 
+@app.command()
+@_friendly
+def train(
+    job: Annotated[str, typer.Argument(help="Job spec (YAML) or a built-in job name (tiny-gpt).")],
+    steps: Annotated[int, typer.Option(help="Train until this optimizer step.")],
+    schedule: Annotated[
+        Path | None,
+        typer.Option(help="Schedule file to replay (from `freezeopt solve`); none: no freezing."),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(help="Run folder: events, metrics, checkpoints (default: runs/<job name>)."),
+    ] = None,
+    warmup_steps: Annotated[
+        int | None, typer.Option(help="Override the schedule's full-update warm-up steps.")
+    ] = None,
+    full_update_every: Annotated[
+        int | None,
+        typer.Option(help="Override the schedule's full-update window period (0: never)."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the last checkpoint in the run folder.")
+    ] = False,
+    rollback: Annotated[
+        bool, typer.Option("--rollback", help="On drift, also restore the last checkpoint.")
+    ] = False,
+    no_rescale: Annotated[
+        bool,
+        typer.Option(
+            "--no-rescale", help="Do not rescale partly frozen groups' gradients by M/(M−k)."
+        ),
+    ] = False,
+    keep_checkpoints: Annotated[int, typer.Option(help="Complete checkpoints to keep.")] = 3,
+    checkpoint_every: Annotated[
+        int,
+        typer.Option(
+            help="Also checkpoint every N steps (0: only at phase boundaries and the end)."
+        ),
+    ] = 0,
+    val_every: Annotated[
+        int, typer.Option(help="Validation loss every N steps (0: only at the end).")
+    ] = 0,
+    fault: Annotated[
+        str | None,
+        typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.trainer)."),
+    ] = None,
+    no_progress: Annotated[
+        bool, typer.Option("--no-progress", help="No progress bar on stderr.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the report as one JSON object.")
+    ] = False,
+) -> None:
+    """Train a job with a schedule replayed; report measured against predicted step time.
+
+    The schedule must fit the job (same schedule kind, ranks, stages, microbatches and parameter
+    groups) or nothing starts. Freezing steps are timed side by side with the run's full-update
+    steps (warm-up, full-update windows), so the measured speed-up needs some of both.
+
+    Example: freezeopt train tiny-gpt --schedule schedules/tiny-gpt-1f1b.yaml --steps 60 --warmup-steps 10
+    """
+    from freezeopt.train import format_train_report, train_job
+
+    report = train_job(
+        job,
+        schedule_path=schedule,
+        steps=steps,
+        out_dir=out_dir if out_dir is not None else Path("runs") / _job_name(job),
+        warmup_steps=warmup_steps,
+        full_update_every=full_update_every,
+        resume=resume,
+        rollback=rollback,
+        rescale=not no_rescale,
+        keep_checkpoints=keep_checkpoints,
+        checkpoint_every=checkpoint_every,
+        val_every=val_every,
+        progress=not no_progress,
+        fault=fault,
+    )
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        typer.echo(format_train_report(report))
+
+
 def _job_name(job: str) -> str:
     from freezeopt.job import load_job
 
@@ -304,15 +389,23 @@ def simulate(
         Path | None,
         typer.Option(help="Save a Gantt chart (baseline above schedule) here (.png/.svg/.pdf)."),
     ] = None,
+    measured: Annotated[
+        Path | None,
+        typer.Option(
+            help="A training run's action log (RUN_DIR/actions.json): show the measured steps too."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Predict a schedule's step time and critical path; optionally draw the Gantt chart.
+
+    With --measured, the steps `freezeopt train` timed are reported and drawn below the prediction.
 
     Example: freezeopt simulate schedules/x.yaml --profile profiles/x.json --gantt out/x.png
     """
     from freezeopt.workflow import simulate_files
 
-    rep = simulate_files(schedule, profile, gantt=gantt)
+    rep = simulate_files(schedule, profile, gantt=gantt, measured=measured)
     for w in rep.warnings:
         typer.echo(f"warning: {w}", err=True)
     tl, base = rep.timeline, rep.baseline
@@ -326,11 +419,18 @@ def simulate(
                 "critical_path": path,
                 "frozen_actions": len({a for a, _ in rep.plan}),
                 "gantt": str(gantt) if gantt else None,
+                "measured": {
+                    m.kind: {"step": m.step, "step_ms": round(m.timeline.makespan, 4)}
+                    for m in rep.measured
+                },
             }
         )
         return
     typer.echo(f"no freezing  {base.makespan:10.2f} ms")
     typer.echo(f"schedule     {tl.makespan:10.2f} ms   ({base.makespan / tl.makespan:.3f}x)")
+    for m in rep.measured:
+        what = "freezing step" if m.kind == "freeze" else "full-update step"
+        typer.echo(f"measured     {m.timeline.makespan:10.2f} ms   ({what} {m.step})")
     typer.echo(f"critical path ({len(path)} actions): {' '.join(path)}")
     if gantt:
         typer.echo(f"wrote {gantt}")

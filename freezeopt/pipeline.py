@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Clock",
+    "Groups",
     "PipelinePlan",
     "RankPipeline",
     "build_rank_pipeline",

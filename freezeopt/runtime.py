@@ -16,10 +16,18 @@ the schedule's `phases.drift`):
   before them by more than `loss_rise` (relative);
 * gradient-norm spike: a group's norm exceeds `grad_norm_spike` × its median over the last 20 steps;
 * step time off the prediction: the median of the last 5 freezing steps' times differs from the
-  schedule's `predicted_ms` by more than `step_time_error` (relative; pass `step_ms=None` to skip).
+  expected freezing step time by more than `step_time_error` (relative; pass `step_ms=None` to
+  skip a step, e.g. the first ones, which include torch's one-time setup). The expected time is
+  the schedule's `predicted_ms`, calibrated once the controller has seen 3 full-update steps:
+  `predicted_ms × (median full-update step time / baseline_ms)`. The profile's DAG leaves out a
+  little per-step overhead (Python, posting sends and receives), so the raw prediction is off by a
+  roughly constant share on a given machine; the calibrated rule fires when freezing does not
+  deliver the *speed-up* the schedule predicted, which is what makes a schedule stale.
 
 On drift the controller falls back to full updates for `fallback_steps` and records an event; with
-`rollback=True` it also asks the caller to restore the last checkpoint (`Decision.rollback`). Its
+`rollback=True` it also asks the caller to restore the last checkpoint (`Decision.rollback`) and
+then to hand back the checkpoint's controller state through `rollback_to`, which restores the
+loss trend the restored weights belong to while keeping the fallback window. Its
 state is a plain dict (`state_dict`/`load_state_dict`, torch's Stateful protocol) so a resumed run
 continues where it stopped. Events are plain dicts, ready for a JSONL log.
 """
@@ -42,6 +50,8 @@ _LOSS_WINDOW = 20
 _LOSS_RECENT = 3
 _GRAD_WINDOW = 20
 _TIME_WINDOW = 5
+_FULL_WINDOW = 20
+_FULL_MIN = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +74,7 @@ class _State:
     losses: deque[float] = field(default_factory=lambda: deque(maxlen=_LOSS_WINDOW + _LOSS_RECENT))
     grad_norms: dict[str, deque[float]] = field(default_factory=dict)
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_TIME_WINDOW))
+    full_times: deque[float] = field(default_factory=lambda: deque(maxlen=_FULL_WINDOW))
     fallbacks: int = 0
 
 
@@ -97,6 +108,13 @@ class FreezeController:
                     per_mb.setdefault(m, set()).add(names.index(name))
             for m, gs in per_mb.items():
                 self._plan[(s, m)] = frozenset(gs)
+        # Phases must be the same on every rank, so whether there is anything to freeze at all is
+        # decided from the whole schedule, not from this rank's stages.
+        self._freezes = any(
+            parse_microbatches(mbs, self.n_microbatches)
+            for groups in schedule.frozen.values()
+            for mbs in groups.values()
+        )
         self._state = _State()
 
     # -- per step -------------------------------------------------------------------------
@@ -113,8 +131,29 @@ class FreezeController:
 
     @property
     def phase(self) -> str:
-        """`warmup`, `freeze`, `full_window` or `fallback`."""
+        """`warmup`, `freeze`, `full_window` or `fallback` (`init` before the first step)."""
         return self._state.phase
+
+    def phase_at(self, step: int) -> str:
+        """The phase `begin_step(step)` would enter, given what the controller knows now."""
+        return self._phase_of(step)
+
+    @property
+    def step(self) -> int:
+        """The step last begun (-1 before the first)."""
+        return self._state.step
+
+    def frozen_plan(self, stage: int) -> dict[int, frozenset[int]]:
+        """Microbatch → group indices frozen in freezing phases (the schedule's plan for `stage`)."""
+        return {m: gs for (s, m), gs in sorted(self._plan.items()) if s == stage}
+
+    def expected_step_ms(self) -> float:
+        """The freezing step time the step-time rule expects (see the module docstring)."""
+        pred = self.schedule.prediction
+        full = self._state.full_times
+        if len(full) >= _FULL_MIN and pred.baseline_ms > 0:
+            return pred.predicted_ms * statistics.median(full) / pred.baseline_ms
+        return pred.predicted_ms
 
     @property
     def freezing(self) -> bool:
@@ -170,13 +209,15 @@ class FreezeController:
                     med = statistics.median(hist_g)
                     if med > 0 and v > drift_cfg.grad_norm_spike * med:
                         fired.append(f"grad_norm_spike:{name}")
-            if step_ms is not None and self.freezing:
+            if step_ms is not None and math.isfinite(step_ms) and self.freezing:
                 st.step_times.append(step_ms)
-                pred = self.schedule.prediction.predicted_ms
+                pred = self.expected_step_ms()
                 if len(st.step_times) == _TIME_WINDOW and pred > 0:
                     med_t = statistics.median(st.step_times)
                     if abs(med_t - pred) / pred > drift_cfg.step_time_error:
                         fired.append("step_time")
+            elif step_ms is not None and math.isfinite(step_ms):
+                st.full_times.append(step_ms)
         if math.isfinite(loss) and not fired:
             st.losses.append(loss)
             for name, v in norms.items():
@@ -212,7 +253,7 @@ class FreezeController:
             return "warmup"
         if step <= self._state.fallback_until:
             return "fallback"
-        if not self._plan:
+        if not self._freezes:
             return "full_window"
         if ph.full_update_every > 0:
             since = step - ph.warmup_steps
@@ -231,8 +272,19 @@ class FreezeController:
             "losses": list(st.losses),
             "grad_norms": {k: list(v) for k, v in st.grad_norms.items()},
             "step_times": list(st.step_times),
+            "full_step_times": list(st.full_times),
             "fallbacks": st.fallbacks,
         }
+
+    def rollback_to(self, state: Mapping[str, Any]) -> None:
+        """After restoring a checkpoint's weights: take back its loss, gradient-norm and step-time
+        history (the trend the restored weights belong to), but keep the current step, phase,
+        fallback window and fallback count, so the fallback that caused the rollback still runs."""
+        now = self._state
+        self.load_state_dict(state)
+        st = self._state
+        st.step, st.phase = now.step, now.phase
+        st.fallback_until, st.fallbacks = now.fallback_until, now.fallbacks
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict()` output."""
@@ -244,5 +296,6 @@ class FreezeController:
         for k, v in state["grad_norms"].items():
             st.grad_norms[k] = deque((float(x) for x in v), maxlen=_GRAD_WINDOW)
         st.step_times.extend(float(x) for x in state["step_times"])
+        st.full_times.extend(float(x) for x in state.get("full_step_times", ()))
         st.fallbacks = int(state["fallbacks"])
         self._state = st

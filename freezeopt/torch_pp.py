@@ -19,6 +19,7 @@ Where torch's helpers are wrong we work around them here, with tests:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -396,10 +397,14 @@ def enable_freezing(
     orig_b, orig_w = stage.backward_one_chunk, stage.backward_weight_one_chunk
     orig_dispatch = stage.backward_maybe_with_nosync
 
+    # functools.wraps keeps torch's signatures visible (inspect.signature follows __wrapped__), so
+    # a timer wrapped around these (`instrument_stage`) still tells I from B by `full_backward`.
+    @functools.wraps(orig_b)
     def backward_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         current["mb"] = bwd_chunk_id
         return orig_b(bwd_chunk_id, *args, **kwargs)
 
+    @functools.wraps(orig_w)
     def backward_weight_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         current["mb"] = bwd_chunk_id
         return orig_w(bwd_chunk_id, *args, **kwargs)

@@ -2,15 +2,21 @@
 
 Each function here is what one CLI command calls. They own the side effects (reading and
 writing files, timing) so that `dag`, `solve`, `simulate` and `schedule` stay pure.
+
+`load_action_log` reads the `actions.json` that `freezeopt train` writes (the per-action wall
+timeline of one representative freezing step and one full-update step), so `simulate` can draw
+what ran beside what was predicted.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from freezeopt.actions import Action, parse_action
 from freezeopt.dag import PipelineDag, build_dag
-from freezeopt.errors import InputError
+from freezeopt.errors import InputError, MismatchError
 from freezeopt.profile_file import Profile, load_profile, profile_sha256, save_profile
 from freezeopt.schedule import (
     Phases,
@@ -26,7 +32,15 @@ from freezeopt.simulate import Timeline, simulate
 from freezeopt.solve import SolveOptions, SolveResult, solve
 from freezeopt.synth import SynthOptions, synth_profile
 
-__all__ = ["SimulateReport", "simulate_files", "solve_file", "synth_file", "validate_files"]
+__all__ = [
+    "MeasuredStep",
+    "SimulateReport",
+    "load_action_log",
+    "simulate_files",
+    "solve_file",
+    "synth_file",
+    "validate_files",
+]
 
 
 def synth_file(opts: SynthOptions, out: Path) -> Profile:
@@ -66,12 +80,96 @@ class SimulateReport:
     timeline: Timeline
     plan: dict
     warnings: tuple[str, ...]
+    measured: tuple[MeasuredStep, ...] = ()
+    """Measured steps from a training run's action log (freezing first), when one was given."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredStep:
+    """One step as it ran in training: wall start/end of every action (ms from the step's start)."""
+
+    kind: str
+    """`freeze` (a step replaying the schedule) or `full` (a full-update step)."""
+    step: int
+    timeline: Timeline
+    frozen: dict[Action, tuple[str, ...]]
+    """Group names each action skipped."""
+
+
+def load_action_log(path: Path, dag: PipelineDag, *, schedule: str) -> tuple[MeasuredStep, ...]:
+    """Read a training run's `actions.json`; raise when it is from another pipeline than `dag`'s."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(
+            f"action log {path} not found; `freezeopt train` writes it as RUN_DIR/actions.json"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"cannot read action log {path}: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != "freezeopt-actions":
+        raise InputError(
+            f"{path} is not a freezeopt action log (RUN_DIR/actions.json of `freezeopt train`)"
+        )
+    if data.get("version") != 1:
+        raise InputError(
+            f"{path}: action log version {data.get('version')!r} is not supported (1 is)"
+        )
+    got = (
+        data.get("schedule"),
+        data.get("world_size"),
+        data.get("n_stages"),
+        data.get("n_microbatches"),
+    )
+    want = (schedule, len(dag.rank_actions), dag.n_stages, dag.n_microbatches)
+    if got != want:
+        raise MismatchError(
+            f"action log {path} is from a run of {got[0]} with {got[1]} ranks, {got[2]} stages and {got[3]} "
+            f"microbatches, but the profile is {want[0]} with {want[1]}, {want[2]} and {want[3]}; "
+            "give the run of this schedule's job"
+        )
+    out: list[MeasuredStep] = []
+    for kind in ("freeze", "full"):
+        sec = data.get(kind)
+        if sec is None:
+            continue
+        try:
+            start: dict[Action, float] = {}
+            end: dict[Action, float] = {}
+            frozen: dict[Action, tuple[str, ...]] = {}
+            for entry in sec["timeline"]:
+                a = parse_action(entry["action"])
+                start[a], end[a] = float(entry["start_ms"]), float(entry["end_ms"])
+                frozen[a] = tuple(entry.get("frozen", ()))
+            step = int(sec["step"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"action log {path}: malformed {kind!r} section ({e})") from None
+        missing = [str(a) for a in dag.order if a not in start]
+        if missing or len(start) != len(dag.order):
+            raise MismatchError(
+                f"action log {path}: its {kind} step does not hold exactly the profile's actions "
+                f"(e.g. {', '.join(missing[:3]) or 'extra ones'}); give the run of this schedule's job"
+            )
+        tl = Timeline(start=start, end=end, makespan=max(end.values()), critical_path=())
+        out.append(MeasuredStep(kind=kind, step=step, timeline=tl, frozen=frozen))
+    if not out:
+        raise InputError(
+            f"action log {path} holds no measured step; train longer (the first steps are not measured)"
+        )
+    return tuple(out)
 
 
 def simulate_files(
-    schedule_path: Path, profile_path: Path, *, gantt: Path | None = None
+    schedule_path: Path,
+    profile_path: Path,
+    *,
+    gantt: Path | None = None,
+    measured: Path | None = None,
 ) -> SimulateReport:
-    """Simulate a schedule on the profile it was solved for; optionally save a Gantt chart."""
+    """Simulate a schedule on the profile it was solved for; optionally save a Gantt chart.
+
+    With `measured` (a training run's `actions.json`) the report and the chart also hold the
+    steps as they ran.
+    """
     profile = load_profile(profile_path)
     sched = load_schedule(schedule_path)
     warnings = check_fits(sched, profile, profile_sha256=profile_sha256(profile))
@@ -83,6 +181,9 @@ def simulate_files(
         timeline=simulate(dag, dag.durations(plan)),
         plan=plan,
         warnings=tuple(warnings),
+        measured=()
+        if measured is None
+        else load_action_log(measured, dag, schedule=profile.pipeline.schedule),
     )
     if gantt is not None:
         _save_gantt(report, gantt)
@@ -98,13 +199,16 @@ def _save_gantt(report: SimulateReport, path: Path) -> None:
     for (a, g), x in report.plan.items():
         total = sum(dag.group_cost[a.stage])
         share[a] = share.get(a, 0.0) + x * dag.group_cost[a.stage][g] / total if total else 0.0
-    fig = gantt_figure(
-        dag,
-        [
-            GanttPanel("no freezing", report.baseline, {}),
-            GanttPanel("schedule", report.timeline, share),
-        ],
-    )
+    panels = [
+        GanttPanel("no freezing (predicted)", report.baseline, {}),
+        GanttPanel("schedule (predicted)", report.timeline, share),
+    ]
+    for m in report.measured:
+        title = "freezing step" if m.kind == "freeze" else "full-update step"
+        panels.append(
+            GanttPanel(f"measured {title} {m.step}", m.timeline, _frozen_share(dag, m.frozen))
+        )
+    fig = gantt_figure(dag, panels)
     import io
 
     buf = io.BytesIO()
@@ -113,6 +217,20 @@ def _save_gantt(report: SimulateReport, path: Path) -> None:
         raise InputError(f"--gantt {path}: use a .png, .svg or .pdf file name")
     fig.savefig(buf, format=fmt, dpi=120, metadata={"Software": None} if fmt == "png" else None)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def _frozen_share(dag: PipelineDag, frozen: dict[Action, tuple[str, ...]]) -> dict[Action, float]:
+    """Per action, the share of its stage's weight-gradient cost in the groups it skipped."""
+    out: dict[Action, float] = {}
+    for a, names in frozen.items():
+        costs = dag.group_cost[a.stage]
+        total = sum(costs)
+        if names and total > 0:
+            idx = [
+                dag.group_names[a.stage].index(n) for n in names if n in dag.group_names[a.stage]
+            ]
+            out[a] = sum(costs[i] for i in idx) / total
+    return out
 
 
 def validate_files(schedule_path: Path, profile_path: Path | None) -> tuple[Schedule, list[str]]:

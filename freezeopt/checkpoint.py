@@ -1,0 +1,171 @@
+"""Training checkpoints: one file per rank per checkpoint, written atomically, a few kept.
+
+Why this layout: in a pipeline every rank owns different model chunks, so each rank saves its own
+state with `torch.save` (model chunks, optimizer, controller state, RNG) and nobody gathers
+weights. A checkpoint is the folder `OUT/checkpoints/step-00000042/` holding `rank<r>.pt` for
+every rank and `meta.json`, which rank 0 writes last, after every rank has renamed its file into
+place: a folder without `meta.json` is incomplete (a crash mid-save) and is never resumed from.
+`step` is the first step still to run, so resuming from `step-00000042` runs step 42 next. Every
+file goes through a temporary file in the same folder and a rename, so a reader sees the old file
+or the new one, never half of either; `keep` bounds how many complete checkpoints stay on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from freezeopt.errors import FreezeoptError, InputError, MismatchError
+from freezeopt.fileio import atomic_write_text
+
+__all__ = [
+    "Checkpoint",
+    "checkpoint_dir",
+    "find_checkpoints",
+    "latest_checkpoint",
+    "load_rank_state",
+    "prune_checkpoints",
+    "save_rank_state",
+    "write_meta",
+]
+
+_PREFIX = "step-"
+META = "meta.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A complete checkpoint on disk."""
+
+    path: Path
+    step: int
+    """The first step still to run."""
+    meta: dict[str, Any]
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    """The folder of the checkpoint taken before `step`."""
+    return Path(root) / f"{_PREFIX}{step:08d}"
+
+
+def save_rank_state(root: Path, step: int, rank: int, state: dict[str, Any]) -> Path:
+    """Write this rank's state of the checkpoint before `step` (atomically)."""
+    import torch
+
+    folder = checkpoint_dir(root, step)
+    target = folder / f"rank{rank}.pt"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".rank{rank}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise FreezeoptError(f"cannot write checkpoint {folder}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise FreezeoptError(
+            f"cannot write checkpoint {target}: {e.strerror or e}; free disk space or pass another --out-dir"
+        ) from None
+    return target
+
+
+def write_meta(root: Path, step: int, meta: dict[str, Any]) -> Path:
+    """Mark the checkpoint before `step` complete (call after every rank saved its state)."""
+    folder = checkpoint_dir(root, step)
+    atomic_write_text(folder / META, json.dumps({**meta, "step": step}, indent=2, sort_keys=True))
+    return folder
+
+
+def load_rank_state(path: Path, rank: int) -> dict[str, Any]:
+    """This rank's state from checkpoint folder `path`."""
+    import torch
+
+    f = Path(path) / f"rank{rank}.pt"
+    try:
+        with open(f, "rb") as fh:
+            state: dict[str, Any] = torch.load(fh, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise InputError(
+            f"checkpoint {path} has no state for rank {rank}; it was written by a job with fewer ranks"
+        ) from None
+    except (OSError, RuntimeError, EOFError) as e:
+        raise InputError(
+            f"cannot read checkpoint {f}: {e}; delete the folder to resume from an older one"
+        ) from None
+    return state
+
+
+def find_checkpoints(root: Path) -> list[Checkpoint]:
+    """Complete checkpoints under `root`, oldest first."""
+    out: list[Checkpoint] = []
+    root = Path(root)
+    if not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        if not (d.is_dir() and d.name.startswith(_PREFIX) and d.name[len(_PREFIX) :].isdigit()):
+            continue
+        try:
+            meta = json.loads((d / META).read_text())
+        except (OSError, ValueError):
+            continue  # incomplete: a crash while saving
+        out.append(Checkpoint(path=d, step=int(d.name[len(_PREFIX) :]), meta=meta))
+    return out
+
+
+def latest_checkpoint(root: Path) -> Checkpoint | None:
+    """The newest complete checkpoint under `root`, or None."""
+    found = find_checkpoints(root)
+    return found[-1] if found else None
+
+
+def prune_checkpoints(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than those."""
+    found = find_checkpoints(root)
+    removed: list[Path] = []
+    if keep < 1 or len(found) <= keep:
+        doomed: list[Path] = []
+    else:
+        doomed = [c.path for c in found[:-keep]]
+    newest = found[-1].step if found else -1
+    complete = {c.path for c in found}
+    for d in sorted(Path(root).iterdir()) if Path(root).is_dir() else []:
+        if (
+            d.is_dir()
+            and d.name.startswith(_PREFIX)
+            and d not in complete
+            and d.name[len(_PREFIX) :].isdigit()
+            and int(d.name[len(_PREFIX) :]) < newest
+        ):
+            doomed.append(d)
+    for d in doomed:
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def check_meta(ckpt: Checkpoint, expected: dict[str, Any]) -> None:
+    """Raise MismatchError when `ckpt` was written by another job, pipeline or schedule."""
+    for key, want in expected.items():
+        got = ckpt.meta.get(key)
+        if got != want:
+            raise MismatchError(
+                f"checkpoint {ckpt.path} was written with another {key.replace('_', ' ')} "
+                f"({_short(got)} there, {_short(want)} now); resume with the same job and schedule, "
+                "or train into a fresh --out-dir"
+            )
+
+
+def _short(v: Any) -> str:
+    s = str(v)
+    return s if len(s) <= 40 else s[:37] + "..."

@@ -1,0 +1,527 @@
+"""`freezeopt train`: train a job with its schedule replayed, and compare the time saved with the prediction.
+
+Why: a schedule is only worth the time it saves in real training. `train_job` runs the job's
+pipeline (the same ranks, stages, groups and optimizer `freezeopt profile` measured — both build it
+through `freezeopt.pipeline`) with the runtime controller (`freezeopt.runtime.FreezeController`)
+skipping the frozen groups' weight-gradient work per microbatch (`freezeopt.trainer` is the rank
+side), watches the run, falls back to full updates on drift, checkpoints, and reports measured
+against predicted step time.
+
+Before any process starts, the schedule is checked against the job: the job's pipeline shape
+(schedule kind, ranks, stages, microbatches, stage-to-rank map) is built from torch's schedule
+classes and its parameter groups from the model on the meta device; any difference is a
+`MismatchError` naming it.
+
+How the speed-up is measured: side by side in the same run (DESIGN §7). Steps that replay the
+schedule ("freezing steps") are compared with the run's full-update steps — warm-up, periodic
+full-update windows and fallbacks — which run the identical code with nothing frozen. Both sides
+are medians of the barrier-to-last-rank step time (the profiler's definition: optimizer excluded),
+leaving out the first `job.warmup_steps` steps of the run (torch's one-time setup). The predicted
+side is the schedule's `prediction` (`baseline_ms` / `predicted_ms`). Use `--full-update-every`
+to interleave full-update steps with freezing ones, so a change of machine load hits both alike.
+
+Files in `out_dir`: `events.jsonl` (phase changes, drifts, rollbacks, checkpoints, resumes),
+`metrics.jsonl` (per step: phase, loss, step time, optimizer time, gradient norm per group; and
+validation losses), `actions.json` (the action timeline of a representative freezing step and
+full-update step, for `freezeopt simulate --measured`), `report.json` (the `TrainReport`),
+`checkpoints/` (see `freezeopt.checkpoint`) and `tensorboard/` when TensorBoard is installed.
+Without `resume` a run starts afresh and replaces these files; with it, it continues from the last
+complete checkpoint (same job and schedule; `steps` is the step to train to).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from freezeopt import checkpoint as ckpt
+from freezeopt.errors import InputError, MismatchError
+from freezeopt.fileio import atomic_write_text
+from freezeopt.job import Job, add_search_path, load_job, replace_job
+from freezeopt.launch import cpu_snapshot, host_info, in_torchrun, load_avg, other_cpu, run_ranks
+from freezeopt.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
+from freezeopt.profile_assemble import OTHERS_BUSY
+from freezeopt.schedule import Schedule, dump_schedule, load_schedule, schedule_sha256
+from freezeopt.trainer import RankTrainResult, TrainSpec, jsonable, parse_train_faults, train_rank
+
+__all__ = ["TrainReport", "check_schedule_fits", "format_train_report", "train_job"]
+
+COMPARISON = (
+    "side by side in one run: freezing steps against the run's full-update steps (warm-up, "
+    "full-update windows, fallbacks); medians of barrier-to-last-rank step time, optimizer excluded"
+)
+_RUN_FILES = ("events.jsonl", "metrics.jsonl", "actions.json", "report.json")
+_RUN_DIRS = ("checkpoints", "tensorboard")
+_NOT_TRAINING = (  # job fields that do not change the training trajectory (a resume may differ)
+    "name",
+    "warmup_steps",
+    "measure_steps",
+    "cost_samples",
+    "lag_samples",
+    "val_batches",
+    "gradient_traces",
+    "hang_timeout_s",
+    "timeout_s",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainReport:
+    """The summary of one training run (`to_dict` for `--json`; the files hold the detail)."""
+
+    job: str
+    schedule: str | None
+    """The schedule file replayed (None: trained without freezing)."""
+    pipeline: str
+    """torch schedule name or `csv:<file>`."""
+    world_size: int
+    n_stages: int
+    n_microbatches: int
+    device: str
+    start_step: int
+    """First step run (after a resume: the checkpoint's step)."""
+    end_step: int
+    step_ms: float | None
+    """Median measured step time of the freezing steps (without freezing steps: of all measured)."""
+    full_step_ms: float | None
+    """Median measured step time of the full-update steps (the no-freezing side)."""
+    predicted_step_ms: float | None
+    """The schedule's predicted step time."""
+    predicted_baseline_ms: float | None
+    """The schedule's predicted step time with nothing frozen."""
+    saved_ms: float | None
+    """full_step_ms − step_ms: the time freezing saved per step, measured."""
+    predicted_saved_ms: float | None
+    """predicted_baseline_ms − predicted_step_ms: the time the schedule should save per step."""
+    measured_speedup: float | None
+    """full_step_ms / step_ms."""
+    predicted_speedup: float | None
+    """predicted_baseline_ms / predicted_step_ms."""
+    prediction_error: float | None
+    """(step_ms − predicted_step_ms) / predicted_step_ms."""
+    calibrated_predicted_ms: float | None
+    """predicted_step_ms × full_step_ms / predicted_baseline_ms: the prediction scaled to this run."""
+    freezing_steps: int
+    """Freezing steps measured."""
+    full_steps: int
+    """Full-update steps measured."""
+    comparison: str
+    loss: float | None
+    """Training loss of the last step."""
+    val_loss: float | None
+    """Validation loss at the end."""
+    losses: tuple[tuple[int, float], ...]
+    val_losses: tuple[tuple[int, float], ...]
+    fallbacks: int
+    """Drifts that made the controller fall back to full updates in this run."""
+    rollbacks: int
+    events: tuple[dict[str, Any], ...]
+    checkpoints: tuple[str, ...]
+    actions: tuple[dict[str, Any], ...]
+    """Per action: rank, frozen groups, median cost in full-update and in freezing steps (ms)."""
+    out_dir: str
+    warnings: tuple[str, ...]
+    host: dict[str, Any]
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return dict(jsonable(asdict(self)))
+
+
+def train_job(
+    job_path_or_spec: str | Path | Job,
+    *,
+    schedule_path: str | Path | None = None,
+    steps: int,
+    out_dir: str | Path,
+    warmup_steps: int | None = None,
+    full_update_every: int | None = None,
+    resume: bool = False,
+    rollback: bool = False,
+    rescale: bool = True,
+    keep_checkpoints: int = 3,
+    checkpoint_every: int = 0,
+    val_every: int = 0,
+    progress: bool = True,
+    fault: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> TrainReport:
+    """Train `steps` optimizer steps of the job, replaying `schedule_path` (None: no freezing).
+
+    `warmup_steps` / `full_update_every` override the schedule's phases. `resume` continues from
+    the last complete checkpoint in `out_dir/checkpoints`; `rollback` restores it on drift;
+    `rescale=False` leaves partly frozen groups' gradients unscaled (for comparison).
+    Checkpoints are taken at phase boundaries, every `checkpoint_every` steps (0: never) and at the
+    end; `keep_checkpoints` are kept. `val_every` adds validation losses during the run (0: only at
+    the end). `fault` is for tests (see `freezeopt.trainer`). Raises MismatchError, before any
+    process starts, when the schedule does not fit the job; RankFailedError when a rank crashes or
+    hangs (the run can then continue with `resume`).
+    """
+    t_start = time.monotonic()
+    job = _load(job_path_or_spec, overrides)
+    if steps < 1:
+        raise InputError(f"--steps must be at least 1 (got {steps})")
+    if keep_checkpoints < 1:
+        raise InputError("--keep-checkpoints must be at least 1")
+    if checkpoint_every < 0 or val_every < 0:
+        raise InputError("--checkpoint-every and --val-every must not be negative (0: off)")
+    schedule = None
+    if schedule_path is not None:
+        schedule = _with_phases(load_schedule(schedule_path), warmup_steps, full_update_every)
+    elif warmup_steps is not None or full_update_every is not None:
+        raise InputError("--warmup-steps and --full-update-every need --schedule")
+    plan = plan_pipeline(job)
+    groups = preflight(job, plan, in_torchrun=in_torchrun())
+    warnings: list[str] = []
+    if schedule is not None:
+        check_schedule_fits(schedule, job, plan, groups, source=str(schedule_path))
+        if schedule.ratios:
+            warnings.append(
+                "the schedule's fractional `ratios` (lp mode) are not replayed, only the whole-group "
+                "freezes under `frozen`; solve with --mode milp or heuristic to replay all of it"
+            )
+    faults = parse_train_faults(fault or "")
+    for f in faults:
+        if f.kind in ("crash", "kill", "hang") and not 0 <= f.rank < job.ranks:
+            raise InputError(f"fault names rank {f.rank}, but the job has ranks 0..{job.ranks - 1}")
+        if f.kind == "slow" and not 0 <= f.stage < plan.n_stages:
+            raise InputError(f"fault names stage {f.stage}, but the job has {plan.n_stages} stages")
+    out = Path(out_dir)
+    meta = {
+        "job": {k: v for k, v in job.to_dict().items() if k not in _NOT_TRAINING},
+        "schedule_sha256": None if schedule is None else schedule_sha256(dump_schedule(schedule)),
+        "rescale": rescale,
+    }
+    start, resume_from = 0, None
+    if resume:
+        last = ckpt.latest_checkpoint(out / "checkpoints")
+        if last is None:
+            raise InputError(
+                f"no complete checkpoint under {out / 'checkpoints'}; run without --resume to start training"
+            )
+        ckpt.check_meta(last, {**meta, "world_size": job.ranks})
+        if last.step >= steps:
+            raise InputError(
+                f"the last checkpoint ({last.path}) is at step {last.step}; pass --steps larger than "
+                f"{last.step} to train further"
+            )
+        start, resume_from = last.step, str(last.path)
+    elif not in_torchrun() or int(os.environ["RANK"]) == 0:
+        _clear_run(out)
+    spec = TrainSpec(
+        job=job,
+        plan=plan,
+        schedule=schedule,
+        steps=steps,
+        out_dir=str(out),
+        rescale=rescale,
+        rollback=rollback,
+        resume_from=resume_from,
+        keep_checkpoints=keep_checkpoints,
+        checkpoint_every=checkpoint_every,
+        val_every=val_every,
+        measure_from=start + job.warmup_steps,
+        faults=faults,
+        meta=meta,
+    )
+    host = host_info()
+    before = cpu_snapshot()
+    t_run = time.monotonic()
+    results = run_ranks(
+        job,
+        functools.partial(train_rank, spec),
+        total_units=steps - start + 2,
+        progress=progress,
+        verb="training",
+        outcome="the run can continue from its last checkpoint with --resume",
+        log_prefix="train",
+    )
+    if not in_torchrun():
+        host.update(other_cpu(before, cpu_snapshot(), time.monotonic() - t_run))
+    host["load_avg_after"] = load_avg()
+    report, actions_doc = _assemble(
+        spec,
+        results,
+        schedule_path=None if schedule_path is None else str(schedule_path),
+        host=host,
+        warnings=warnings,
+        wall_s=time.monotonic() - t_start,
+    )
+    if not in_torchrun() or int(os.environ["RANK"]) == 0:
+        atomic_write_text(out / "actions.json", json.dumps(actions_doc, indent=1) + "\n")
+        atomic_write_text(out / "report.json", json.dumps(report.to_dict(), indent=1) + "\n")
+    return report
+
+
+def check_schedule_fits(
+    schedule: Schedule, job: Job, plan: PipelinePlan, groups: Groups | None, *, source: str
+) -> None:
+    """Raise MismatchError when `schedule` was made for another pipeline than `job`'s."""
+    sp = schedule.pipeline
+    want: dict[str, tuple[Any, Any]] = {
+        "schedule": (sp.schedule, plan.label),
+        "ranks": (sp.world_size, job.ranks),
+        "stages": (sp.n_stages, plan.n_stages),
+        "microbatches": (sp.n_microbatches, job.microbatches),
+        "stage-to-rank map": (list(sp.stage_to_rank), list(plan.stage_rank)),
+    }
+    if groups is not None:
+        want["parameter groups"] = (
+            [list(g) for g in sp.groups],
+            [[g for g, _ in groups[s]] for s in range(plan.n_stages)],
+        )
+    for what, (a, b) in want.items():
+        if a != b:
+            raise MismatchError(
+                f"schedule {source} does not fit job {job.name}: {what} is {_short(a)} in the schedule but "
+                f"{_short(b)} in the job; profile and solve this job (`freezeopt profile` → `freezeopt solve`)"
+            )
+
+
+def format_train_report(report: TrainReport) -> str:
+    """A short human-readable summary of a training run."""
+    r = report
+    lines = [
+        f"{r.job} · {r.pipeline} · {r.world_size} ranks · {r.n_stages} stages · {r.n_microbatches} microbatches · "
+        f"steps {r.start_step}→{r.end_step} on {r.device} ({r.wall_s:.1f} s)",
+    ]
+    if r.schedule is None:
+        lines.append("no schedule: trained without freezing")
+        lines.append(f"step time      measured {_ms(r.step_ms)} (median of {r.full_steps} steps)")
+    else:
+        lines.append(
+            f"schedule {r.schedule}: {r.freezing_steps} freezing and {r.full_steps} full-update steps measured"
+        )
+        err = "" if r.prediction_error is None else f" ({r.prediction_error * 100:+.1f} %)"
+        lines += [
+            f"step time      measured {_ms(r.step_ms)} freezing     predicted {_ms(r.predicted_step_ms)}{err}",
+            f"no freezing    measured {_ms(r.full_step_ms)} full-update  predicted {_ms(r.predicted_baseline_ms)}",
+            f"time saved     measured {_ms(r.saved_ms)} per step    predicted {_ms(r.predicted_saved_ms)}",
+            f"speed-up       measured {_x(r.measured_speedup)}             predicted {_x(r.predicted_speedup)}",
+        ]
+    loss = "n/a" if r.loss is None else f"{r.loss:.4f}"
+    val = "" if r.val_loss is None else f", validation {r.val_loss:.4f}"
+    lines.append(f"loss           {loss} at the last step{val}")
+    phases = sum(e["event"] == "phase" for e in r.events)
+    ckpts = sum(e["event"] == "checkpoint" for e in r.events)
+    lines.append(
+        f"events         {phases} phase changes, {r.fallbacks} drifts (fallbacks), {r.rollbacks} rollbacks, "
+        f"{ckpts} checkpoints"
+    )
+    for e in r.events:
+        if e["event"] in ("drift", "rollback", "rollback_skipped"):
+            detail = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("event", "step"))
+            lines.append(f"  step {e['step']}: {e['event']} ({detail})")
+    lines += [f"warning: {w}" for w in r.warnings]
+    lines.append(
+        f"files in {r.out_dir}: report.json, events.jsonl, metrics.jsonl, actions.json, checkpoints/"
+    )
+    return "\n".join(lines)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _load(job_path_or_spec: str | Path | Job, overrides: Mapping[str, Any] | None) -> Job:
+    job_file: Path | None = None
+    if isinstance(job_path_or_spec, Job):
+        job = job_path_or_spec
+    else:
+        job = load_job(job_path_or_spec)
+        p = Path(job_path_or_spec)
+        job_file = p if p.exists() else None
+    if overrides:
+        job = replace_job(job, **overrides)
+    add_search_path(job_file)
+    return job
+
+
+def _with_phases(
+    schedule: Schedule, warmup_steps: int | None, full_update_every: int | None
+) -> Schedule:
+    changes: dict[str, Any] = {}
+    if warmup_steps is not None:
+        if warmup_steps < 0:
+            raise InputError("--warmup-steps must not be negative")
+        changes["warmup_steps"] = warmup_steps
+    if full_update_every is not None:
+        if full_update_every < 0:
+            raise InputError("--full-update-every must not be negative (0: never)")
+        changes["full_update_every"] = full_update_every
+    if not changes:
+        return schedule
+    return dataclasses.replace(schedule, phases=dataclasses.replace(schedule.phases, **changes))
+
+
+def _clear_run(out: Path) -> None:
+    """A fresh run replaces an earlier run's files in `out` (and nothing else)."""
+    for name in _RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in _RUN_DIRS:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _assemble(
+    spec: TrainSpec,
+    results: Sequence[RankTrainResult],
+    *,
+    schedule_path: str | None,
+    host: dict[str, Any],
+    warnings: list[str],
+    wall_s: float,
+) -> tuple[TrainReport, dict[str, Any]]:
+    job, plan, sched = spec.job, spec.plan, spec.schedule
+    r0 = results[0]
+    steps = list(r0.steps)
+    measured = [s for s in steps if s["step"] >= spec.measure_from]
+    freeze = [s["step_ms"] for s in measured if s["freezing"]]
+    full = [s["step_ms"] for s in measured if not s["freezing"]]
+    freeze_ms, full_ms = _median(freeze), _median(full)
+    warnings = [*warnings, *(w for r in results for w in r.warnings)]
+    if sched is not None and not freeze:
+        warnings.append(
+            f"no freezing step was measured (warm-up {sched.phases.warmup_steps} steps, first {spec.measure_from} "
+            "left out); pass a smaller --warmup-steps or more --steps"
+        )
+    if sched is not None and freeze and not full:
+        warnings.append(
+            "no full-update step was measured, so there is no measured speed-up; pass --warmup-steps larger "
+            f"than the job's {job.warmup_steps} unmeasured steps, or --full-update-every"
+        )
+    others = host.get("other_cpu_cores")
+    if others is not None and others > OTHERS_BUSY:
+        warnings.append(
+            f"other processes kept {others:.2f} cores busy during the run; step times are unreliable, "
+            "measure on a quiet machine"
+        )
+    pred = sched.prediction if sched is not None else None
+    step_ms = freeze_ms if (sched is not None and freeze) else _median(freeze + full)
+    costs = {a: d for r in results for a, d in r.costs.items()}
+    frozen = {a: g for r in results for a, g in r.frozen_plan.items()}
+    actions = tuple(
+        {
+            "action": str(a),
+            "rank": r,
+            "frozen": list(frozen.get(str(a), ())),
+            "full_ms": _median(costs.get(str(a), {}).get("full", ())),
+            "freeze_ms": _median(costs.get(str(a), {}).get("freeze", ())),
+            "n_full": len(costs.get(str(a), {}).get("full", ())),
+            "n_freeze": len(costs.get(str(a), {}).get("freeze", ())),
+        }
+        for r, acts in enumerate(plan.rank_actions)
+        for a in acts
+    )
+    events = r0.events
+    losses = tuple((s["step"], s["loss"]) for s in steps)
+    vals = r0.val_loss
+    report = TrainReport(
+        job=job.name,
+        schedule=schedule_path,
+        pipeline=plan.label,
+        world_size=job.ranks,
+        n_stages=plan.n_stages,
+        n_microbatches=job.microbatches,
+        device=r0.device,
+        start_step=r0.start_step,
+        end_step=spec.steps,
+        step_ms=step_ms,
+        full_step_ms=full_ms,
+        predicted_step_ms=pred.predicted_ms if pred else None,
+        predicted_baseline_ms=pred.baseline_ms if pred else None,
+        saved_ms=full_ms - freeze_ms if (full_ms and freeze_ms and sched) else None,
+        predicted_saved_ms=pred.baseline_ms - pred.predicted_ms if pred else None,
+        measured_speedup=full_ms / freeze_ms if (full_ms and freeze_ms and sched) else None,
+        predicted_speedup=pred.baseline_ms / pred.predicted_ms
+        if pred and pred.predicted_ms
+        else None,
+        prediction_error=(freeze_ms - pred.predicted_ms) / pred.predicted_ms
+        if pred and freeze_ms and pred.predicted_ms
+        else None,
+        calibrated_predicted_ms=pred.predicted_ms * full_ms / pred.baseline_ms
+        if pred and full_ms and pred.baseline_ms
+        else None,
+        freezing_steps=len(freeze),
+        full_steps=len(full),
+        comparison=COMPARISON + f", steps before {spec.measure_from} left out",
+        loss=losses[-1][1] if losses else None,
+        val_loss=vals[-1][1] if vals and vals[-1][0] == spec.steps else None,
+        losses=losses,
+        val_losses=vals,
+        fallbacks=sum(e["event"] == "drift" for e in events),
+        rollbacks=sum(e["event"] == "rollback" for e in events),
+        events=events,
+        checkpoints=r0.checkpoints,
+        actions=actions,
+        out_dir=spec.out_dir,
+        warnings=tuple(warnings),
+        host=host,
+        wall_s=wall_s,
+    )
+    doc = {
+        "format": "freezeopt-actions",
+        "version": 1,
+        "job": job.name,
+        "schedule": plan.label,
+        "schedule_file": schedule_path,
+        "world_size": job.ranks,
+        "n_stages": plan.n_stages,
+        "n_microbatches": job.microbatches,
+        "freeze": _timeline(results, "freeze", frozen),
+        "full": _timeline(results, "full", {}),
+    }
+    return report, dict(jsonable(doc))
+
+
+def _timeline(
+    results: Sequence[RankTrainResult], cls: str, frozen: Mapping[str, Sequence[str]]
+) -> dict[str, Any] | None:
+    """The action timeline of the median-time step of class `cls` that every rank kept."""
+    per_rank = [{st: (ms, acts) for st, ms, acts in r.timelines.get(cls, ())} for r in results]
+    common = sorted(set.intersection(*(set(d) for d in per_rank)) if per_rank else set())
+    if not common:
+        return None
+    order = sorted(common, key=lambda st: (per_rank[0][st][0], st))
+    step = order[(len(order) - 1) // 2]
+    entries = []
+    for r, d in zip(results, per_rank, strict=True):
+        for action, t0, t1, cost in d[step][1]:
+            entries.append(
+                {
+                    "action": action,
+                    "rank": r.rank,
+                    "start_ms": max(0.0, t0),
+                    "end_ms": max(0.0, t1),
+                    "cost_ms": cost,
+                    "frozen": list(frozen.get(action, ())),
+                }
+            )
+    entries.sort(key=lambda e: (e["start_ms"], e["rank"], e["action"]))
+    return {"step": step, "step_ms": per_rank[0][step][0], "timeline": entries}
+
+
+def _short(v: Any) -> str:
+    s = str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _ms(v: float | None) -> str:
+    return "     n/a" if v is None else f"{v:8.1f} ms"
+
+
+def _x(v: float | None) -> str:
+    return "  n/a" if v is None else f"{v:.3f}×"

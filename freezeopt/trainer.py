@@ -1,0 +1,661 @@
+"""One rank of `freezeopt train`: a pipelined training loop that replays a schedule and watches it.
+
+Why a module of its own: this is the code that runs inside each rank process (`freezeopt.launch`
+starts it); `freezeopt.train` is the parent side (checks, report). Per optimizer step:
+
+1. `controller.begin_step(step)`; at a phase boundary into freezing (after warm-up, a full-update
+   window or a fallback) a checkpoint of the state *before* the step is taken first: weights fresh
+   from full updates, the target of a rollback;
+2. `zero_grad(set_to_none=True)` (a group frozen in every microbatch keeps `grad = None`, so AdamW
+   skips it: no momentum or weight-decay drift), barrier, `schedule.step` — the backward of each
+   microbatch skips the frozen groups' weight-gradient work (`torch_pp.enable_freezing`) — and the
+   step's wall time, first rank's start to last rank's end, as the profiler measures it;
+3. `scale_group_grads` with `controller.grad_scales` (M/(M−k) for a group frozen in k of M);
+4. the loss (last stage), every group's gradient norm and the step time are all-reduced so every
+   rank's controller sees identical inputs and takes identical decisions (`end_step`);
+5. `optimizer.step()` — skipped when the loss or a gradient is non-finite — then, on drift with
+   rollback, the model and optimizer are restored from the last checkpoint and the controller takes
+   back the checkpoint's loss trend (`rollback_to`) but keeps its fallback window; training
+   continues with the next step's data (replaying the same batches could replay the same fault).
+
+Each stage's compute calls are timed (`torch_pp.instrument_stage`: wall start/end and thread-CPU or
+CUDA-event cost), classified as freezing or full-update steps; the last 16 of each kind keep their
+full per-action timeline for the measured Gantt. Rank 0 appends events and per-step scalars to
+`events.jsonl` and `metrics.jsonl` as they happen (and to TensorBoard when installed).
+
+Test-only faults (`TrainFault`): `lr_spike:step=K[,factor=F]` multiplies the learning rate by F
+(default 100) for step K; `corrupt_batch:step=K` replaces step K's batch with random data;
+`slow:stage=S,ms=X[,step=K]` spins X ms in every action of stage S from step K on;
+`crash:rank=R,step=K`, `kill:…` and `hang:…` as in `freezeopt profile`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from freezeopt import checkpoint as ckpt
+from freezeopt.errors import InputError, MismatchError
+from freezeopt.job import Job
+from freezeopt.launch import RankContext
+from freezeopt.pipeline import (
+    Clock,
+    PipelinePlan,
+    build_rank_pipeline,
+    device_name,
+    make_schedule,
+    validation_loss,
+)
+from freezeopt.schedule import Schedule
+
+__all__ = [
+    "RankTrainResult",
+    "TrainFault",
+    "TrainSpec",
+    "jsonable",
+    "parse_train_faults",
+    "train_rank",
+]
+
+_PHASES = ("full", "warmup", "freeze", "full_window", "fallback")
+TIMELINES_KEPT = 16
+"""Per class (freezing, full-update): how many recent steps keep their whole action timeline."""
+
+FaultKind = Literal["lr_spike", "corrupt_batch", "slow", "crash", "kill", "hang"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainFault:
+    """A test-only injected fault (see the module docstring)."""
+
+    kind: FaultKind
+    step: int = 0
+    rank: int = 0
+    stage: int = 0
+    factor: float = 100.0
+    ms: float = 0.0
+
+
+_FAULT_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind → (required, optional)
+    "lr_spike": ({"step"}, {"factor"}),
+    "corrupt_batch": ({"step"}, set()),
+    "slow": ({"stage", "ms"}, {"step"}),
+    "crash": ({"rank", "step"}, set()),
+    "kill": ({"rank", "step"}, set()),
+    "hang": ({"rank", "step"}, set()),
+}
+_FAULT_RE = re.compile(r"^([a-z_]+):(.*)$")
+
+
+def parse_train_faults(text: str) -> tuple[TrainFault, ...]:
+    """Parse `lr_spike:step=12;slow:stage=1,ms=20,step=5` (faults separated by `;`)."""
+    out: list[TrainFault] = []
+    hint = "write e.g. lr_spike:step=12,factor=100 or corrupt_batch:step=12 or slow:stage=1,ms=20"
+    for part in filter(None, (p.strip() for p in text.replace(" ", "").split(";"))):
+        m = _FAULT_RE.match(part)
+        if m is None or m.group(1) not in _FAULT_FIELDS:
+            raise InputError(f"fault {part!r} is malformed; {hint}")
+        kind, body = m.group(1), m.group(2)
+        values: dict[str, float] = {}
+        for kv in filter(None, body.split(",")):
+            k, sep, v = kv.partition("=")
+            try:
+                values[k] = float(v)
+            except ValueError:
+                raise InputError(f"fault {part!r}: {kv!r} is not key=number; {hint}") from None
+            if not sep:
+                raise InputError(f"fault {part!r}: {kv!r} is not key=number; {hint}")
+        need, opt = _FAULT_FIELDS[kind]
+        unknown = sorted(set(values) - need - opt)
+        missing = sorted(need - set(values))
+        if unknown or missing:
+            what = f"unknown {unknown[0]!r}" if unknown else f"missing {missing[0]!r}"
+            raise InputError(f"fault {part!r}: {what}; {hint}")
+        ints = {k: int(v) for k, v in values.items() if k in ("step", "rank", "stage")}
+        if any(v < 0 for v in ints.values()) or values.get("ms", 0) < 0:
+            raise InputError(f"fault {part!r}: values must not be negative")
+        out.append(
+            TrainFault(
+                kind=kind,  # type: ignore[arg-type]
+                factor=values.get("factor", 100.0),
+                ms=values.get("ms", 0.0),
+                **ints,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainSpec:
+    """Everything a rank needs to train (picklable)."""
+
+    job: Job
+    plan: PipelinePlan
+    schedule: Schedule | None
+    steps: int
+    """Train until this step (exclusive); a resumed run starts at its checkpoint's step."""
+    out_dir: str
+    rescale: bool = True
+    rollback: bool = False
+    resume_from: str | None = None
+    keep_checkpoints: int = 3
+    checkpoint_every: int = 0
+    val_every: int = 0
+    measure_from: int = 0
+    """Steps before this one are left out of timing statistics (torch's one-time setup)."""
+    faults: tuple[TrainFault, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Written into every checkpoint's meta.json (what a resume must match)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankTrainResult:
+    """What one rank returns to the parent (plain picklable data)."""
+
+    rank: int
+    host: str
+    device: str
+    stages: tuple[int, ...]
+    start_step: int
+    steps: tuple[dict[str, Any], ...]
+    """Per step run: step, phase, loss, step_ms, optimizer_ms (this rank), drift rules fired."""
+    costs: dict[str, dict[str, tuple[float, ...]]]
+    """Action → {"freeze": cost samples, "full": cost samples} (ms, measured steps only)."""
+    timelines: dict[str, tuple[tuple[int, float, tuple[tuple[str, float, float, float], ...]], ...]]
+    """"freeze"/"full" → recent steps: (step, step ms, ((action, start ms, end ms, cost ms), ...))."""
+    frozen_plan: dict[str, tuple[str, ...]]
+    """Weight-gradient action → group names it skips in freezing steps."""
+    val_loss: tuple[tuple[int, float], ...]
+    events: tuple[dict[str, Any], ...]
+    checkpoints: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+
+def train_rank(spec: TrainSpec, ctx: RankContext) -> RankTrainResult:
+    """What every rank runs (through `freezeopt.launch.run_ranks`)."""
+    return _Trainer(spec, ctx).run()
+
+
+class _Trainer:
+    def __init__(self, spec: TrainSpec, ctx: RankContext) -> None:
+        self.spec, self.job, self.plan = spec, spec.job, spec.plan
+        self.rank, self.world, self.device, self.beat = ctx.rank, ctx.world, ctx.device, ctx.beat
+        self.clock = Clock(ctx.device)
+        self.out = Path(spec.out_dir)
+        self.ckdir = self.out / "checkpoints"
+        self.last = self.plan.n_stages - 1
+        self.step_idx = -1
+        self.records: list[list[Any]] = []
+        self.pending_loss: list[Any] | None = None
+        self.events: list[dict[str, Any]] = []
+        self.checkpoints: list[str] = []
+        self.last_ckpt: str | None = spec.resume_from
+        self.warnings: list[str] = []
+        self.faults = list(spec.faults)
+        self.logs: dict[str, Any] = {}
+        self.tb: Any = None
+
+    # -- setup --------------------------------------------------------------------------------
+    def setup(self) -> None:
+        import torch.distributed as dist
+
+        from freezeopt import torch_pp
+        from freezeopt.runtime import FreezeController
+
+        self.beat.set_phase("setup")
+        rp = self.rp = build_rank_pipeline(self.job, self.plan, self.rank, self.device)
+        sched = self.spec.schedule
+        self.ctrl: FreezeController | None = None
+        if sched is not None:
+            for s in rp.stages:
+                have = tuple(g for g, _ in rp.group_idx[s])
+                if have != tuple(sched.pipeline.groups[s]):
+                    raise MismatchError(
+                        f"the schedule does not fit this job: stage {s} has groups {', '.join(have)} in the job "
+                        f"but {', '.join(sched.pipeline.groups[s])} in the schedule; re-profile and re-solve for this job"
+                    )
+            self.ctrl = FreezeController(
+                sched, stages=rp.stages, rescale=self.spec.rescale, rollback=self.spec.rollback
+            )
+            for st in rp.pstages:
+                torch_pp.enable_freezing(st, rp.group_params(st.stage_index), self._frozen)
+        self.sched = make_schedule(rp, loss_fn=self._loss, scale_grads=True)
+        for st in rp.pstages:
+            torch_pp.instrument_stage(st, self._make_around(st.stage_index))
+        gathered: list[Any] = [None] * self.world
+        local = ([(s, g) for s in rp.stages for g, _ in rp.group_idx[s]], socket.gethostname())
+        dist.all_gather_object(gathered, local)
+        self.gkeys = sorted({k for groups, _ in gathered for k in groups})
+        self.gindex = {k: i for i, k in enumerate(self.gkeys)}
+        self.same_host = len({h for _, h in gathered}) == 1
+        self.frozen_plan: dict[str, tuple[str, ...]] = {}
+        if self.ctrl is not None:
+            acts = {str(a) for a in self.plan.rank_actions[self.rank]}
+            for s in rp.stages:
+                names = [g for g, _ in rp.group_idx[s]]
+                for m, gs in self.ctrl.frozen_plan(s).items():
+                    act = f"{s}B{m}" if f"{s}B{m}" in acts else f"{s}W{m}"
+                    self.frozen_plan[act] = tuple(names[g] for g in sorted(gs))
+
+    def _frozen(self, stage: int, mb: int) -> frozenset[int]:
+        assert self.ctrl is not None
+        return self.ctrl.frozen_groups(stage, mb)
+
+    # -- instrumentation ----------------------------------------------------------------------
+    def _make_around(self, s: int) -> Callable[[str, int, Callable[[], Any]], Any]:
+        def around(kind: str, mb: int, run: Callable[[], Any]) -> Any:
+            self._maybe_fail(s, kind, mb)
+            self.beat.computing(s, kind, mb)
+            c0 = self.clock.start()
+            t0 = time.perf_counter()
+            self._maybe_slow(s)
+            out = run()
+            t1 = time.perf_counter()
+            cost = self.clock.stop(c0)
+            self.beat.idle()
+            rec = [s, kind, mb, t0, t1, cost]
+            self.records.append(rec)
+            self.pending_loss = rec if (kind == "F" and s == self.last) else None
+            return out
+
+        return around
+
+    def _loss(self, output: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
+        """The job's loss; its time is counted in the last stage's F, as the profiler counts it."""
+        tok = self.clock.start()
+        loss = self.rp.loss_fn(output, target, *args, **kwargs)
+        rec, self.pending_loss = self.pending_loss, None
+        if rec is not None:
+            rec[4] = time.perf_counter()
+            rec[5] = self.clock.extend(rec[5], tok)
+        return loss
+
+    def _maybe_fail(self, s: int, kind: str, mb: int) -> None:
+        for f in self.faults:
+            if (
+                f.kind in ("crash", "kill", "hang")
+                and kind == "F"
+                and f.rank == self.rank
+                and f.step == self.step_idx
+            ):
+                self.faults.remove(f)
+                self.beat.computing(s, kind, mb)
+                if f.kind == "crash":
+                    raise RuntimeError(
+                        f"injected fault: rank {self.rank} crashes in {s}F{mb} of step {f.step}"
+                    )
+                if f.kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)  # injected: dies with no cleanup at all
+                threading.Event().wait()  # injected hang: block forever
+
+    def _maybe_slow(self, s: int) -> None:
+        for f in self.faults:
+            if f.kind == "slow" and f.stage == s and self.step_idx >= f.step:
+                end = time.perf_counter() + f.ms / 1e3
+                while time.perf_counter() < end:  # busy: a slower stage, not an idle one
+                    pass
+
+    def _fault(self, kind: str) -> TrainFault | None:
+        return next((f for f in self.faults if f.kind == kind and f.step == self.step_idx), None)
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self) -> RankTrainResult:
+        import torch.distributed as dist
+
+        spec = self.spec
+        self.setup()
+        start = self._resume() if spec.resume_from else 0
+        self._open_logs(start)
+        self.beat.tick(1)
+        self.beat.set_phase("train")
+        steps: list[dict[str, Any]] = []
+        costs: dict[str, dict[str, list[float]]] = {}
+        kept: dict[str, deque[Any]] = {
+            "freeze": deque(maxlen=TIMELINES_KEPT),
+            "full": deque(maxlen=TIMELINES_KEPT),
+        }
+        vals: list[tuple[int, float]] = []
+        for step in range(start, spec.steps):
+            self.step_idx = self.beat.step = step
+            self._checkpoint_before(step, start)
+            events = self.ctrl.begin_step(step) if self.ctrl is not None else []
+            self._log_events(events)
+            freezing = self.ctrl is not None and self.ctrl.freezing
+            phase = self.ctrl.phase if self.ctrl is not None else "full"
+            rec = self._step(step, phase, freezing)
+            steps.append(rec)
+            if step >= spec.measure_from:
+                cls = "freeze" if freezing else "full"
+                for r in self.records:
+                    costs.setdefault(f"{r[0]}{r[1]}{r[2]}", {}).setdefault(cls, []).append(r[5])
+                kept[cls].append(
+                    (
+                        step,
+                        rec["step_ms"],
+                        tuple(
+                            (
+                                f"{r[0]}{r[1]}{r[2]}",
+                                (r[3] - self.g0) * 1e3,
+                                (r[4] - self.g0) * 1e3,
+                                r[5],
+                            )
+                            for r in self.records
+                        ),
+                    )
+                )
+            if spec.val_every and (step + 1) % spec.val_every == 0 and step + 1 < spec.steps:
+                v = self._validate(step + 1)
+                if v is not None:
+                    vals.append((step + 1, v))
+                self.beat.set_phase("train")
+            self.beat.tick(2 + step - start)
+        v = self._validate(spec.steps)
+        if v is not None:
+            vals.append((spec.steps, v))
+        if spec.steps > start:
+            self._save(spec.steps, reason="end")
+        dist.barrier()
+        self._close_logs()
+        return RankTrainResult(
+            rank=self.rank,
+            host=socket.gethostname(),
+            device=device_name(self.device),
+            stages=self.rp.stages,
+            start_step=start,
+            steps=tuple(steps),
+            costs={a: {k: tuple(v) for k, v in d.items()} for a, d in costs.items()},
+            timelines={k: tuple(v) for k, v in kept.items()},
+            frozen_plan=self.frozen_plan,
+            val_loss=tuple(vals),
+            events=tuple(self.events),
+            checkpoints=tuple(self.checkpoints),
+            warnings=tuple(self.warnings),
+        )
+
+    def _step(self, step: int, phase: str, freezing: bool) -> dict[str, Any]:
+        """One optimizer step; returns its record."""
+        import torch
+        import torch.distributed as dist
+
+        from freezeopt import torch_pp
+
+        rp, ctrl = self.rp, self.ctrl
+        x, y = rp.data.train(step)
+        if self._fault("corrupt_batch") is not None:
+            x, y = _corrupt(x, step), _corrupt(y, step + 1)
+        rp.optimizer.zero_grad(set_to_none=True)
+        losses: list[Any] = []
+        args, kwargs = rp.step_inputs(x, y, losses)
+        self.records = []
+        dist.barrier()
+        t0 = time.perf_counter()
+        self.sched.step(*args, **kwargs)
+        self.clock.sync()
+        t1 = time.perf_counter()
+        for r in self.records:
+            r[5] = self.clock.resolve(r[5])
+        if ctrl is not None:
+            for s in rp.stages:
+                torch_pp.scale_group_grads(rp.group_params(s), ctrl.grad_scales(s))
+        n = len(self.gkeys)
+        vec = torch.zeros(1 + 2 * n, dtype=torch.float64)
+        if rp.has_last:
+            vec[0] = float(torch.stack([lo.detach().double() for lo in losses]).mean())
+        for s in rp.stages:
+            for g, idx in rp.group_idx[s]:
+                grads = [rp.params[s][i].grad for i in idx if rp.params[s][i].grad is not None]
+                if grads:
+                    sq = sum(float(gr.detach().double().pow(2).sum()) for gr in grads)
+                    vec[1 + self.gindex[(s, g)]] = math.sqrt(sq)
+                    vec[1 + n + self.gindex[(s, g)]] = 1.0
+        code = float(_PHASES.index(phase))
+        tvec = torch.tensor([t1, -t0, t1 - t0, code, -code], dtype=torch.float64)
+        if self.device.type == "cuda":
+            vec, tvec = vec.to(self.device), tvec.to(self.device)
+        dist.all_reduce(vec, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tvec, op=dist.ReduceOp.MAX)
+        vec, tvec = vec.cpu(), tvec.cpu()
+        if float(tvec[3]) != -float(tvec[4]):  # a bug, not a user error: decisions must agree
+            raise RuntimeError(
+                f"ranks disagree on the phase of step {step} (this rank: {phase}); "
+                "their controllers must see identical inputs"
+            )
+        loss = float(vec[0])
+        norms = {
+            f"{s}/{g}": float(vec[1 + i])
+            for i, (s, g) in enumerate(self.gkeys)
+            if float(vec[1 + n + i]) > 0.5
+        }
+        self.g0 = -float(tvec[1]) if self.same_host else t0
+        step_ms = (float(tvec[0] + tvec[1]) if self.same_host else float(tvec[2])) * 1e3
+        decision = None
+        if ctrl is not None:
+            decision = ctrl.end_step(
+                loss=loss,
+                grad_norms=norms,
+                step_ms=step_ms if step >= self.spec.measure_from else None,
+            )
+            self._log_events(list(decision.events))
+        nonfinite = not math.isfinite(loss) or not all(math.isfinite(v) for v in norms.values())
+        opt_ms = 0.0
+        if not nonfinite:
+            spike = self._fault("lr_spike")
+            saved = [g["lr"] for g in rp.optimizer.param_groups]
+            if spike is not None:
+                for g in rp.optimizer.param_groups:
+                    g["lr"] = g["lr"] * spike.factor
+            tok = self.clock.start()
+            rp.optimizer.step()
+            opt_ms = self.clock.resolve(self.clock.stop(tok))
+            for g, lr in zip(rp.optimizer.param_groups, saved, strict=True):
+                g["lr"] = lr
+        else:
+            rp.optimizer.zero_grad(set_to_none=True)
+        if decision is not None and decision.rollback:
+            self._rollback(step)
+        rec = {
+            "step": step,
+            "phase": phase,
+            "freezing": freezing,
+            "loss": loss,
+            "step_ms": step_ms,
+            "optimizer_ms": opt_ms,
+            "drift": list(decision.drift) if decision is not None else [],
+            "skipped_update": nonfinite,
+        }
+        self._log_metrics({**rec, "grad_norms": norms})
+        return rec
+
+    def _validate(self, at_step: int) -> float | None:
+        import torch.distributed as dist
+
+        if self.job.val_batches == 0:
+            return None
+        v = validation_loss(self.rp, self.beat)
+        box: list[Any] = [v]
+        dist.broadcast_object_list(box, src=self.plan.stage_rank[self.last])
+        val = box[0]
+        if val is not None:
+            self._log_metrics({"step": at_step, "val_loss": val}, scalar_prefix="val")
+        return float(val) if val is not None else None
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _checkpoint_before(self, step: int, start: int) -> None:
+        if step == start:
+            return  # the state before the first step of this run is its starting point
+        ctrl = self.ctrl
+        if (
+            ctrl is not None
+            and ctrl.phase not in ("init", "freeze")
+            and ctrl.phase_at(step) == "freeze"
+        ):
+            self._save(step, reason=f"{ctrl.phase}->freeze")
+            return
+        every = self.spec.checkpoint_every
+        if every and step % every == 0:
+            self._save(step, reason="every")
+
+    def _state(self, step: int) -> dict[str, Any]:
+        import torch
+
+        return {
+            "step": step,
+            "stages": list(self.rp.stages),
+            "model": {s: m.state_dict() for s, m in self.rp.mods.items()},
+            "optimizer": self.rp.optimizer.state_dict(),
+            "controller": self.ctrl.state_dict() if self.ctrl is not None else None,
+            "rng": torch.get_rng_state(),
+        }
+
+    def _save(self, step: int, *, reason: str) -> None:
+        import torch.distributed as dist
+
+        phase = self.beat.phase
+        self.beat.set_phase("checkpoint")
+        ckpt.save_rank_state(self.ckdir, step, self.rank, self._state(step))
+        dist.barrier()
+        path = ckpt.checkpoint_dir(self.ckdir, step)
+        if self.rank == 0:
+            ckpt.write_meta(self.ckdir, step, {**self.spec.meta, "world_size": self.world})
+            ckpt.prune_checkpoints(self.ckdir, self.spec.keep_checkpoints)
+        self.last_ckpt = str(path)
+        self.checkpoints.append(str(path))
+        self._log_events(
+            [{"step": step, "event": "checkpoint", "reason": reason, "path": str(path)}]
+        )
+        self.beat.set_phase(phase)
+
+    def _load_into(self, path: str, *, full: bool) -> dict[str, Any]:
+        import torch
+
+        state = ckpt.load_rank_state(Path(path), self.rank)
+        if list(state.get("stages", [])) != list(self.rp.stages):
+            raise MismatchError(
+                f"checkpoint {path} holds stages {state.get('stages')} for rank {self.rank}, but this job gives it "
+                f"{list(self.rp.stages)}; resume with the same job or train into a fresh --out-dir"
+            )
+        for s, m in self.rp.mods.items():
+            m.load_state_dict(state["model"][s])
+        self.rp.optimizer.load_state_dict(state["optimizer"])
+        if full:
+            if self.ctrl is not None and state.get("controller") is not None:
+                self.ctrl.load_state_dict(state["controller"])
+            torch.set_rng_state(state["rng"])
+        return state
+
+    def _resume(self) -> int:
+        assert self.spec.resume_from is not None
+        state = self._load_into(self.spec.resume_from, full=True)
+        step = int(state["step"])
+        self._log_events([{"step": step, "event": "resume", "checkpoint": self.spec.resume_from}])
+        return step
+
+    def _rollback(self, step: int) -> None:
+        if self.last_ckpt is None:
+            self._log_events(
+                [{"step": step, "event": "rollback_skipped", "reason": "no checkpoint yet"}]
+            )
+            return
+        state = self._load_into(self.last_ckpt, full=False)
+        if self.ctrl is not None and state.get("controller") is not None:
+            self.ctrl.rollback_to(state["controller"])
+        self._log_events(
+            [
+                {
+                    "step": step,
+                    "event": "rollback",
+                    "to_step": int(state["step"]),
+                    "checkpoint": self.last_ckpt,
+                }
+            ]
+        )
+
+    # -- logs (rank 0 writes; every rank keeps the events) ----------------------------------------
+    def _open_logs(self, start: int) -> None:
+        if self.rank != 0:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        metrics = self.out / "metrics.jsonl"
+        if start > 0 and metrics.exists():  # a resumed run re-runs the steps after its checkpoint
+            keep = [
+                ln
+                for ln in metrics.read_text().splitlines()
+                if ln.strip() and json.loads(ln).get("step", 0) < start
+            ]
+            metrics.write_text("".join(ln + "\n" for ln in keep))
+        self.logs = {
+            "events": open(self.out / "events.jsonl", "a"),  # noqa: SIM115 - closed in _close_logs
+            "metrics": open(metrics, "a"),  # noqa: SIM115
+        }
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.out / "tensorboard"))
+        except ImportError:  # tensorboard is optional
+            self.tb = None
+        for ev in self.events:  # events logged before the files were open (resume)
+            self._write("events", ev)
+
+    def _write(self, name: str, obj: dict[str, Any]) -> None:
+        f = self.logs.get(name)
+        if f is not None:
+            f.write(json.dumps(jsonable(obj), sort_keys=True, allow_nan=False) + "\n")
+            f.flush()
+
+    def _log_events(self, events: list[dict[str, Any]]) -> None:
+        for ev in events:
+            self.events.append(ev)
+            self._write("events", ev)
+
+    def _log_metrics(self, rec: dict[str, Any], *, scalar_prefix: str = "train") -> None:
+        self._write("metrics", rec)
+        if self.tb is not None:
+            step = int(rec["step"])
+            for k, v in rec.items():
+                if isinstance(v, int | float) and not isinstance(v, bool) and k != "step":
+                    self.tb.add_scalar(f"{scalar_prefix}/{k}", v, step)
+            for k, v in rec.get("grad_norms", {}).items():
+                self.tb.add_scalar(f"grad_norm/{k}", v, step)
+
+    def _close_logs(self) -> None:
+        for f in self.logs.values():
+            f.close()
+        self.logs = {}
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _corrupt(t: Any, seed: int) -> Any:
+    """Random data of `t`'s shape and kind (test-only fault): integers in its range, or noise."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return t
+    g = torch.Generator().manual_seed(1_000_003 + seed)
+    if t.dtype.is_floating_point:
+        scale = float(t.float().std()) if t.numel() > 1 else 1.0
+        return torch.randn(t.shape, generator=g, dtype=t.dtype) * 10 * max(scale, 1.0)
+    lo, hi = int(t.min()), int(t.max())
+    return torch.randint(lo, hi + 1, t.shape, generator=g, dtype=t.dtype)
+
+
+def jsonable(x: Any) -> Any:
+    """JSON-ready: non-finite floats as strings ("nan", "inf"), tuples as lists, keys as strings."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [jsonable(v) for v in x]
+    return x
