@@ -216,6 +216,57 @@ def train(
         typer.echo(format_train_report(report))
 
 
+@app.command()
+@_friendly
+def compare(
+    job: Annotated[str, typer.Argument(help="Job spec (YAML) or a built-in job name (tiny-gpt).")],
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: none, uniform, timelyfreeze, stability, freezeopt, freezeopt-heuristic."
+        ),
+    ] = "none,uniform,timelyfreeze,stability,freezeopt",
+    steps: Annotated[int, typer.Option(help="Optimizer steps per run.")] = 120,
+    warmup_steps: Annotated[
+        int, typer.Option(help="Full-update steps at the start of each run.")
+    ] = 10,
+    budget: Annotated[float, typer.Option(help="Budget of the policies that take one.")] = 0.1,
+    repeats: Annotated[int, typer.Option(help="Runs per policy (order rotated each repeat).")] = 1,
+    val_every: Annotated[int, typer.Option(help="Validation loss every N steps.")] = 20,
+    sweep: Annotated[
+        str, typer.Option(help="Comma-separated budgets for the budget sweep (empty: none).")
+    ] = "",
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--out", help="Report folder (default: reports/<job name>)."),
+    ] = None,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
+) -> None:
+    """Train the job under each freezing policy and write a side-by-side report.
+
+    Profiles once, solves a schedule per policy (matched budgets), trains each for real with the
+    same runtime, seed and data, and writes report.md, results.json and PNG plots.
+
+    Example: freezeopt compare tiny-gpt --policies none,uniform,timelyfreeze,freezeopt --steps 120
+    """
+    from freezeopt.compare import CompareOptions, compare_job, format_compare
+    from freezeopt.errors import InputError
+
+    try:
+        budgets = tuple(float(b) for b in sweep.split(",") if b.strip())
+    except ValueError:
+        raise InputError(f"--sweep {sweep!r}: write budgets like 0.05,0.1,0.2") from None
+    opts = CompareOptions(
+        policies=tuple(p.strip() for p in policies.split(",") if p.strip()),  # type: ignore[misc]
+        steps=steps, warmup_steps=warmup_steps, budget=budget, repeats=repeats,
+        val_every=val_every, sweep=budgets,
+    )  # fmt: skip
+    target = out if out is not None else Path("reports") / _job_name(job)
+    rep = compare_job(job, out_dir=target, opts=opts, progress=not no_progress)
+    typer.echo(format_compare(rep))
+    typer.echo(f"wrote {target / 'report.md'}")
+
+
 def _job_name(job: str) -> str:
     from freezeopt.job import load_job
 
