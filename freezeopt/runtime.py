@@ -7,6 +7,15 @@ stays an unbiased mean over the microbatches that did update it (`grad_scales`: 
 `None` for a group frozen in all M — its gradient stays `None` and the optimizer skips it), and,
 after the step, whether the run has drifted (`end_step`).
 
+The schedule's `realisation` says what is frozen. `groups` (the default): whole groups where
+`frozen` lists them; a fractional `ratios` entry r freezes its group in that microbatch with
+probability r, drawn with the realisation's seed. `random_tensors` (TimelyFreeze's realisation):
+in microbatch m of stage s, round(r·n) of the stage's n parameter tensors, chosen at random, where
+r is the stage's share of frozen tensors that `frozen` and `ratios` imply for m; the answers are
+then about tensors (`unit`), and the caller passes the tensor count of each group. Random draws are
+redrawn every `redraw_every` steps, seeded by (seed, stage, microbatch, window) alone, so every
+rank and every resumed run draws the same. `realisation.rescale: false` turns rescaling off.
+
 Phases follow the schedule file: full updates for `warmup_steps`, then freezing, interrupted by a
 full-update window of `full_update_steps` every `full_update_every` steps. Drift rules (defaults in
 the schedule's `phases.drift`):
@@ -34,14 +43,16 @@ continues where it stopped. Events are plain dicts, ready for a JSONL log.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import random
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from freezeopt.errors import MismatchError
+from freezeopt.errors import InputError, MismatchError
 from freezeopt.schedule import Schedule, parse_microbatches
 
 __all__ = ["Decision", "FreezeController"]
@@ -88,6 +99,7 @@ class FreezeController:
         stages: Sequence[int],
         rescale: bool = True,
         rollback: bool = False,
+        tensors: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         pipe = schedule.pipeline
         bad = [s for s in stages if not 0 <= s < pipe.n_stages]
@@ -95,33 +107,84 @@ class FreezeController:
             raise MismatchError(f"stage {bad[0]} is not in the schedule's {pipe.n_stages} stages")
         self.schedule = schedule
         self.stages = tuple(stages)
-        self.rescale = rescale
+        real = schedule.realisation
+        self.rescale = rescale and real.rescale
         self.rollback = rollback
         self.n_microbatches = pipe.n_microbatches
-        # (stage, microbatch) → frozen group indices; only whole-group freezes are replayed
-        self._plan: dict[tuple[int, int], frozenset[int]] = {}
+        self.unit: str = "tensor" if real.kind == "random_tensors" else "group"
+        """What `frozen_groups` and `grad_scales` index: `group`s, or parameter `tensor`s of the
+        stage (in group order, then parameter order) for the `random_tensors` realisation."""
+        self._tensors: dict[int, tuple[int, ...]] = {}
+        if self.unit == "tensor":
+            if tensors is None:
+                raise InputError(
+                    "the schedule's realisation is random_tensors: pass the number of parameter "
+                    "tensors of each group (tensors={stage: [count per group]})"
+                )
+            for s in self.stages:
+                counts = tuple(int(c) for c in tensors[s])
+                if len(counts) != len(pipe.groups[s]):
+                    raise MismatchError(
+                        f"stage {s}: {len(counts)} tensor counts for {len(pipe.groups[s])} groups"
+                    )
+                self._tensors[s] = counts
+        # (stage, microbatch) → group → extent to freeze: 1 (listed under `frozen`) or a ratio
+        self._extent: dict[tuple[int, int], dict[int, float]] = {}
         for s in self.stages:
             names = pipe.groups[s]
-            per_mb: dict[int, set[int]] = {}
             for name, mbs in schedule.frozen.get(s, {}).items():
                 for m in parse_microbatches(mbs, self.n_microbatches):
-                    per_mb.setdefault(m, set()).add(names.index(name))
-            for m, gs in per_mb.items():
-                self._plan[(s, m)] = frozenset(gs)
+                    self._extent.setdefault((s, m), {})[names.index(name)] = 1.0
+            for name, per_mb in schedule.ratios.get(s, {}).items():
+                for m, r in per_mb.items():
+                    ext = self._extent.setdefault((s, m), {})
+                    ext[names.index(name)] = max(ext.get(names.index(name), 0.0), float(r))
+        self._random = self.unit == "tensor" or any(
+            0 < r < 1 for ext in self._extent.values() for r in ext.values()
+        )
         # Phases must be the same on every rank, so whether there is anything to freeze at all is
         # decided from the whole schedule, not from this rank's stages.
         self._freezes = any(
             parse_microbatches(mbs, self.n_microbatches)
             for groups in schedule.frozen.values()
             for mbs in groups.values()
-        )
+        ) or any(r > 0 for g in schedule.ratios.values() for mb in g.values() for r in mb.values())
+        self._window = -1
+        self._plan: dict[tuple[int, int], frozenset[int]] = {}
+        self._draw(0)
         self._state = _State()
+
+    def _draw(self, step: int) -> None:
+        """The plan of the redraw window holding `step` (deterministic: same on every rank)."""
+        real = self.schedule.realisation
+        window = step // real.redraw_every if self._random else 0
+        if window == self._window:
+            return
+        self._window = window
+        plan: dict[tuple[int, int], frozenset[int]] = {}
+        for (s, m), ext in sorted(self._extent.items()):
+            if self.unit == "tensor":
+                counts = self._tensors[s]
+                n = sum(counts)
+                r = sum(counts[g] * x for g, x in ext.items()) / n if n else 0.0
+                k = math.floor(r * n + 0.5)
+                units = frozenset(_rng(real.seed, s, m, -1, window).sample(range(n), k))
+            else:
+                units = frozenset(
+                    g
+                    for g, x in ext.items()
+                    if x >= 1.0 or (x > 0 and _rng(real.seed, s, m, g, window).random() < x)
+                )
+            if units:
+                plan[(s, m)] = units
+        self._plan = plan
 
     # -- per step -------------------------------------------------------------------------
     def begin_step(self, step: int) -> list[dict[str, Any]]:
         """Enter optimizer step `step`; returns phase-change events."""
         st = self._state
         st.step = step
+        self._draw(step)
         phase = self._phase_of(step)
         events = []
         if phase != st.phase:
@@ -144,7 +207,7 @@ class FreezeController:
         return self._state.step
 
     def frozen_plan(self, stage: int) -> dict[int, frozenset[int]]:
-        """Microbatch → group indices frozen in freezing phases (the schedule's plan for `stage`)."""
+        """Microbatch → unit indices frozen in freezing phases (the current plan for `stage`)."""
         return {m: gs for (s, m), gs in sorted(self._plan.items()) if s == stage}
 
     def expected_step_ms(self) -> float:
@@ -161,13 +224,15 @@ class FreezeController:
         return self._state.phase == "freeze"
 
     def frozen_groups(self, stage: int, microbatch: int) -> frozenset[int]:
-        """Group indices whose weight gradients the backward of (stage, microbatch) skips."""
+        """Unit indices (groups, or tensors: see `unit`) whose weight gradients the backward of
+        (stage, microbatch) skips."""
         if not self.freezing:
             return frozenset()
         return self._plan.get((stage, microbatch), frozenset())
 
     def grad_scales(self, stage: int) -> dict[int, float | None]:
-        """Per group frozen in some microbatch this step: the gradient factor, or None if frozen in all."""
+        """Per unit frozen in some microbatch this step: the gradient factor M/(M−k) (when
+        rescaling), or None if frozen in all M (its gradient must stay None)."""
         if not self.freezing:
             return {}
         m = self.n_microbatches
@@ -299,3 +364,9 @@ class FreezeController:
         st.full_times.extend(float(x) for x in state.get("full_step_times", ()))
         st.fallbacks = int(state["fallbacks"])
         self._state = st
+
+
+def _rng(seed: int, stage: int, microbatch: int, group: int, window: int) -> random.Random:
+    """A generator for one draw, the same in every process (no dependence on hash seeds)."""
+    key = f"{seed}:{stage}:{microbatch}:{group}:{window}".encode()
+    return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))

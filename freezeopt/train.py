@@ -185,11 +185,6 @@ def train_job(
     warnings: list[str] = []
     if schedule is not None:
         check_schedule_fits(schedule, job, plan, groups, source=str(schedule_path))
-        if schedule.ratios:
-            warnings.append(
-                "the schedule's fractional `ratios` (lp mode) are not replayed, only the whole-group "
-                "freezes under `frozen`; solve with --mode milp or heuristic to replay all of it"
-            )
     faults = parse_train_faults(fault or "")
     for f in faults:
         if f.kind in ("crash", "kill", "hang") and not 0 <= f.rank < job.ranks:
@@ -481,17 +476,18 @@ def _assemble(
         "world_size": job.ranks,
         "n_stages": plan.n_stages,
         "n_microbatches": job.microbatches,
-        "freeze": _timeline(results, "freeze", frozen),
-        "full": _timeline(results, "full", {}),
+        "freeze": _timeline(results, "freeze"),
+        "full": _timeline(results, "full"),
     }
     return report, dict(jsonable(doc))
 
 
-def _timeline(
-    results: Sequence[RankTrainResult], cls: str, frozen: Mapping[str, Sequence[str]]
-) -> dict[str, Any] | None:
+def _timeline(results: Sequence[RankTrainResult], cls: str) -> dict[str, Any] | None:
     """The action timeline of the median-time step of class `cls` that every rank kept."""
-    per_rank = [{st: (ms, acts) for st, ms, acts in r.timelines.get(cls, ())} for r in results]
+    per_rank = [
+        {st: (ms, acts, frozen) for st, ms, acts, frozen in r.timelines.get(cls, ())}
+        for r in results
+    ]
     common = sorted(set.intersection(*(set(d) for d in per_rank)) if per_rank else set())
     if not common:
         return None
@@ -499,6 +495,7 @@ def _timeline(
     step = order[(len(order) - 1) // 2]
     entries = []
     for r, d in zip(results, per_rank, strict=True):
+        frozen = d[step][2]
         for action, t0, t1, cost in d[step][1]:
             entries.append(
                 {

@@ -172,10 +172,11 @@ class RankTrainResult:
     """Per step run: step, phase, loss, step_ms, optimizer_ms (this rank), drift rules fired."""
     costs: dict[str, dict[str, tuple[float, ...]]]
     """Action → {"freeze": cost samples, "full": cost samples} (ms, measured steps only)."""
-    timelines: dict[str, tuple[tuple[int, float, tuple[tuple[str, float, float, float], ...]], ...]]
-    """"freeze"/"full" → recent steps: (step, step ms, ((action, start ms, end ms, cost ms), ...))."""
+    timelines: dict[str, tuple[Any, ...]]
+    """"freeze"/"full" → recent steps: (step, step ms, ((action, start ms, end ms, cost ms), ...),
+    {action: what it skipped})."""
     frozen_plan: dict[str, tuple[str, ...]]
-    """Weight-gradient action → group names it skips in freezing steps."""
+    """Weight-gradient action → what it skips in freezing steps (of the last plan drawn)."""
     val_loss: tuple[tuple[int, float], ...]
     events: tuple[dict[str, Any], ...]
     checkpoints: tuple[str, ...]
@@ -205,6 +206,8 @@ class _Trainer:
         self.faults = list(spec.faults)
         self.logs: dict[str, Any] = {}
         self.tb: Any = None
+        self.units: dict[int, list[list[Any]]] = {}
+        """Stage → the parameters of each freezing unit (groups, or single tensors)."""
 
     # -- setup --------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -226,10 +229,19 @@ class _Trainer:
                         f"but {', '.join(sched.pipeline.groups[s])} in the schedule; re-profile and re-solve for this job"
                     )
             self.ctrl = FreezeController(
-                sched, stages=rp.stages, rescale=self.spec.rescale, rollback=self.spec.rollback
+                sched,
+                stages=rp.stages,
+                rescale=self.spec.rescale,
+                rollback=self.spec.rollback,
+                tensors={s: [len(idx) for _, idx in rp.group_idx[s]] for s in rp.stages},
             )
+            for s in rp.stages:
+                groups = rp.group_params(s)
+                self.units[s] = (
+                    groups if self.ctrl.unit == "group" else [[p] for g in groups for p in g]
+                )
             for st in rp.pstages:
-                torch_pp.enable_freezing(st, rp.group_params(st.stage_index), self._frozen)
+                torch_pp.enable_freezing(st, self.units[st.stage_index], self._frozen)
         self.sched = make_schedule(rp, loss_fn=self._loss, scale_grads=True)
         for st in rp.pstages:
             torch_pp.instrument_stage(st, self._make_around(st.stage_index))
@@ -239,14 +251,31 @@ class _Trainer:
         self.gkeys = sorted({k for groups, _ in gathered for k in groups})
         self.gindex = {k: i for i, k in enumerate(self.gkeys)}
         self.same_host = len({h for _, h in gathered}) == 1
-        self.frozen_plan: dict[str, tuple[str, ...]] = {}
-        if self.ctrl is not None:
-            acts = {str(a) for a in self.plan.rank_actions[self.rank]}
-            for s in rp.stages:
-                names = [g for g, _ in rp.group_idx[s]]
-                for m, gs in self.ctrl.frozen_plan(s).items():
-                    act = f"{s}B{m}" if f"{s}B{m}" in acts else f"{s}W{m}"
-                    self.frozen_plan[act] = tuple(names[g] for g in sorted(gs))
+        self.frozen_plan: dict[str, tuple[str, ...]] = self._frozen_labels()
+
+    def _frozen_labels(self) -> dict[str, tuple[str, ...]]:
+        """Weight-gradient action → what it skips in freezing steps of the current plan: group
+        names, or `name[k/n]` (k of the group's n tensors) for tensor units."""
+        out: dict[str, tuple[str, ...]] = {}
+        if self.ctrl is None:
+            return out
+        acts = {str(a) for a in self.plan.rank_actions[self.rank]}
+        for s in self.rp.stages:
+            names = [g for g, _ in self.rp.group_idx[s]]
+            sizes = [len(idx) for _, idx in self.rp.group_idx[s]]
+            owner = [g for g, n in enumerate(sizes) for _ in range(n)]
+            for m, units in self.ctrl.frozen_plan(s).items():
+                act = f"{s}B{m}" if f"{s}B{m}" in acts else f"{s}W{m}"
+                if self.ctrl.unit == "group":
+                    out[act] = tuple(names[g] for g in sorted(units))
+                else:
+                    per = [sum(owner[u] == g for u in units) for g in range(len(names))]
+                    out[act] = tuple(
+                        names[g] if k == sizes[g] else f"{names[g]}[{k}/{sizes[g]}]"
+                        for g, k in enumerate(per)
+                        if k
+                    )
+        return out
 
     def _frozen(self, stage: int, mb: int) -> frozenset[int]:
         assert self.ctrl is not None
@@ -333,6 +362,8 @@ class _Trainer:
             self._log_events(events)
             freezing = self.ctrl is not None and self.ctrl.freezing
             phase = self.ctrl.phase if self.ctrl is not None else "full"
+            if freezing:
+                self.frozen_plan = self._frozen_labels()  # the plan of this redraw window
             rec = self._step(step, phase, freezing)
             steps.append(rec)
             if step >= spec.measure_from:
@@ -352,6 +383,7 @@ class _Trainer:
                             )
                             for r in self.records
                         ),
+                        self.frozen_plan if freezing else {},
                     )
                 )
             if spec.val_every and (step + 1) % spec.val_every == 0 and step + 1 < spec.steps:
@@ -407,7 +439,7 @@ class _Trainer:
             r[5] = self.clock.resolve(r[5])
         if ctrl is not None:
             for s in rp.stages:
-                torch_pp.scale_group_grads(rp.group_params(s), ctrl.grad_scales(s))
+                torch_pp.scale_group_grads(self.units[s], ctrl.grad_scales(s))
         n = len(self.gkeys)
         vec = torch.zeros(1 + 2 * n, dtype=torch.float64)
         if rp.has_last:

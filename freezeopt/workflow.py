@@ -220,16 +220,22 @@ def _save_gantt(report: SimulateReport, path: Path) -> None:
 
 
 def _frozen_share(dag: PipelineDag, frozen: dict[Action, tuple[str, ...]]) -> dict[Action, float]:
-    """Per action, the share of its stage's weight-gradient cost in the groups it skipped."""
+    """Per action, the share of its stage's weight-gradient cost it skipped: whole groups (`name`)
+    or k of a group's n tensors (`name[k/n]`, counted as k/n of the group's cost)."""
     out: dict[Action, float] = {}
-    for a, names in frozen.items():
-        costs = dag.group_cost[a.stage]
+    for a, labels in frozen.items():
+        costs, names = dag.group_cost[a.stage], dag.group_names[a.stage]
         total = sum(costs)
-        if names and total > 0:
-            idx = [
-                dag.group_names[a.stage].index(n) for n in names if n in dag.group_names[a.stage]
-            ]
-            out[a] = sum(costs[i] for i in idx) / total
+        skipped = 0.0
+        for label in labels:
+            name, _, part = label.partition("[")
+            if name not in names:
+                continue
+            k, _, n = part.rstrip("]").partition("/")
+            frac = int(k) / int(n) if part and n.isdigit() and k.isdigit() and int(n) else 1.0
+            skipped += costs[names.index(name)] * frac
+        if skipped > 0 and total > 0:
+            out[a] = skipped / total
     return out
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from freezeopt.dag import build_dag
-from freezeopt.errors import MismatchError
+from freezeopt.errors import InputError, MismatchError
 from freezeopt.profile_file import profile_sha256
 from freezeopt.runtime import FreezeController
 from freezeopt.schedule import Drift, Phases, schedule_from_result
@@ -143,3 +143,118 @@ def test_state_round_trips_and_resumes_identically() -> None:
 def test_unknown_stage() -> None:
     with pytest.raises(MismatchError, match="stage 9"):
         FreezeController(_schedule(), stages=[9])
+
+
+def test_phases_agree_across_ranks_whatever_they_freeze() -> None:
+    """A rank whose stages freeze nothing must still follow the same phases (its peers freeze)."""
+    sched = _with_frozen(_schedule(), {1: {"s1.g0": "0-1"}})
+    c0, c1 = FreezeController(sched, stages=[0]), FreezeController(sched, stages=[1])
+    for step in range(12):
+        assert c0.phase_at(step) == c1.phase_at(step)
+        c0.begin_step(step)
+        c1.begin_step(step)
+        assert c0.phase == c1.phase
+    assert c0.phase_at(3) == "freeze" and c0.frozen_groups(0, 0) == frozenset()
+    assert c1.frozen_plan(1) == {0: frozenset({0}), 1: frozenset({0})}
+
+
+def test_step_time_rule_is_calibrated_by_full_update_steps() -> None:
+    """The DAG misses a constant share of overhead: freezing steps are judged by the predicted
+    speed-up over the run's own full-update steps once there are three of them."""
+    sched = _with_frozen(
+        _schedule(Phases(warmup_steps=3, full_update_every=0)), {0: {"s0.g0": "0"}}
+    )
+    pred = sched.prediction
+    slow = 1.5  # this machine runs every step 1.5× slower than the profile predicts
+    c = FreezeController(sched, stages=[0])
+    for step in range(3):
+        c.begin_step(step)
+        assert not c.end_step(loss=1.0, step_ms=pred.baseline_ms * slow).drift
+    assert c.expected_step_ms() == pytest.approx(pred.predicted_ms * slow)
+    for step in range(3, 8):  # freezing delivers the predicted speed-up: no drift
+        c.begin_step(step)
+        assert not c.end_step(loss=1.0, step_ms=pred.predicted_ms * slow).drift
+    fired = []
+    for step in range(8, 13):  # freezing stops paying off: as slow as full updates
+        c.begin_step(step)
+        fired.append(c.end_step(loss=1.0, step_ms=pred.baseline_ms * slow * 1.4).drift)
+    assert fired[:3] == [(), (), ("step_time",)]  # once most of the last 5 are slow
+
+
+def test_rollback_to_takes_back_the_trend_but_keeps_the_fallback() -> None:
+    sched = _with_frozen(
+        _schedule(Phases(warmup_steps=0, full_update_every=0, drift=Drift(fallback_steps=5))),
+        {0: {"s0.g0": "0"}},
+    )
+    c = FreezeController(sched, stages=[0], rollback=True)
+    _drive(c, [3.0] * 5)
+    saved = c.state_dict()
+    _drive(c, [2.0] * 20, start=5)
+    d = _drive(c, [9.0], start=25)[0]
+    assert d.rollback and c.fallbacks == 1
+    c.rollback_to(saved)
+    st = c.state_dict()
+    assert st["losses"] == saved["losses"] and st["step"] == 25
+    assert st["fallback_until"] == 30 and st["fallbacks"] == 1
+    c.begin_step(26)
+    assert c.phase == "fallback"
+
+
+def _realised(sched, **real):
+    from freezeopt.schedule import Realisation
+
+    return dataclasses.replace(sched, realisation=Realisation(**real))
+
+
+def test_fractional_ratios_are_drawn_per_window_with_the_seed() -> None:
+    base = _schedule(Phases(warmup_steps=0, full_update_every=0))
+    sched = _realised(
+        dataclasses.replace(base, frozen={0: {"s0.g1": "1"}}, ratios={0: {"s0.g0": {0: 0.5}}}),
+        redraw_every=2,
+        seed=7,
+    )
+    a, b = FreezeController(sched, stages=[0]), FreezeController(sched, stages=[0])
+    hits = 0
+    for step in range(0, 400, 2):
+        a.begin_step(step)
+        b.begin_step(step)
+        assert a.frozen_groups(0, 0) == b.frozen_groups(0, 0)  # same seed, same draw
+        assert a.frozen_groups(0, 1) == frozenset({1})  # whole-group freezes are not drawn
+        hits += 0 in a.frozen_groups(0, 0)
+        a.begin_step(step + 1)  # the same window: no redraw
+        assert (0 in a.frozen_groups(0, 0)) == (0 in b.frozen_groups(0, 0))
+    assert 70 <= hits <= 130  # about half of 200 windows
+    other = FreezeController(_realised(sched, redraw_every=2, seed=8), stages=[0])
+    draws = []
+    for step in range(0, 40, 2):
+        other.begin_step(step)
+        a.begin_step(step)
+        draws.append((0 in other.frozen_groups(0, 0), 0 in a.frozen_groups(0, 0)))
+    assert any(x != y for x, y in draws)  # another seed draws otherwise
+
+
+def test_random_tensors_realisation() -> None:
+    base = _schedule(Phases(warmup_steps=0, full_update_every=0))
+    sched = _realised(
+        dataclasses.replace(
+            base, frozen={}, ratios={0: {"s0.g0": {0: 0.5, 2: 0.25}, "s0.g1": {0: 0.5, 2: 0.25}}}
+        ),
+        kind="random_tensors",
+        rescale=False,
+        redraw_every=10,
+    )
+    with pytest.raises(InputError, match="tensor"):
+        FreezeController(sched, stages=[0])
+    c = FreezeController(sched, stages=[0], tensors={0: [3, 5]})
+    assert c.unit == "tensor" and not c.rescale
+    seen = set()
+    for step in (0, 10, 20, 30):
+        c.begin_step(step)
+        assert len(c.frozen_groups(0, 0)) == 4 and len(c.frozen_groups(0, 2)) == 2  # round(r·8)
+        assert c.frozen_groups(0, 1) == frozenset()
+        assert all(0 <= u < 8 for u in c.frozen_groups(0, 0))
+        assert (
+            c.grad_scales(0) == {}
+        )  # TimelyFreeze does not rescale, and no tensor is frozen in all
+        seen.add(c.frozen_groups(0, 0))
+    assert len(seen) > 1  # redrawn every 10 steps

@@ -59,6 +59,8 @@ def write_schedule(
     every: int = 0,
     fallback_steps: int = 20,
     step_time_error: float = 1e6,
+    ratios: dict[int, dict[str, dict[int, float]]] | None = None,
+    realisation: dict[str, Any] | None = None,
 ) -> Path:
     """A hand-made schedule file that fits `job` (prediction: 10 ms without freezing, 9 ms with)."""
     plan = plan_pipeline(job)
@@ -99,6 +101,8 @@ def write_schedule(
             "signal_dropped": 0.1,
         },
         "frozen": frozen,
+        "ratios": ratios or {},
+        "realisation": realisation or {},
     }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -286,6 +290,32 @@ def test_slowed_stage_is_caught_by_the_step_time_rule(tmp_path: Path) -> None:
     )
     drifts = [e for e in rep.events if e["event"] == "drift"]
     assert drifts and drifts[0]["rules"] == ["step_time"] and drifts[0]["step"] == 9
+
+
+def test_timelyfreeze_realisation_random_tensors(tmp_path: Path) -> None:
+    """`random_tensors`: round(r·n) of a stage's n tensors per microbatch, redrawn, not rescaled."""
+    job = small_job()
+    sched = write_schedule(
+        tmp_path / "s.yaml",
+        job,
+        {},
+        ratios={1: {"blocks.2": {0: 0.5, 1: 0.5}, "blocks.3": {0: 0.5, 1: 0.5}}},
+        realisation={"kind": "random_tensors", "rescale": False, "redraw_every": 2, "seed": 3},
+    )
+    rep = train_job(job, schedule_path=sched, steps=4, out_dir=tmp_path / "run", progress=False)
+    torch.manual_seed(0)
+    parts = build_model(n_stages=2, seq_len=job.seq_len, **job.model_args)
+    assert parts.groups is not None
+    n = sum(len(v) for v in parts.groups[1].values())
+    frozen = {a["action"]: a["frozen"] for a in rep.actions if a["frozen"]}
+    assert set(frozen) == {"1B0", "1B1"}
+    for labels in frozen.values():  # e.g. ["blocks.2[5/8]", "blocks.3[6/12]"]
+        k = 0
+        for label in labels:
+            name, _, part = label.partition("[")
+            k += int(part.split("/")[0]) if part else len(parts.groups[1][name])
+        assert k == math.floor(0.5 * n + 0.5)  # round half up
+    assert rep.freezing_steps == 3 and all(math.isfinite(loss) for _, loss in rep.losses)
 
 
 # --- schedules that do not fit ----------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""The parts of `freezeopt train` that need no processes: faults, checkpoints, the action log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from freezeopt import checkpoint as ckpt
+from freezeopt.dag import build_dag
+from freezeopt.errors import InputError, MismatchError
+from freezeopt.trainer import TrainFault, parse_train_faults
+from freezeopt.workflow import load_action_log
+from tests.conftest import make_profile
+
+
+def test_faults_parse() -> None:
+    assert parse_train_faults("") == ()
+    got = parse_train_faults("lr_spike:step=12; slow:stage=1,ms=2.5,step=3;crash:rank=1,step=7")
+    assert got == (
+        TrainFault(kind="lr_spike", step=12, factor=100.0),
+        TrainFault(kind="slow", stage=1, ms=2.5, step=3),
+        TrainFault(kind="crash", rank=1, step=7),
+    )
+    assert parse_train_faults("corrupt_batch:step=4")[0].kind == "corrupt_batch"
+    assert parse_train_faults("lr_spike:step=1,factor=1000")[0].factor == 1000.0
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("boom:step=1", "malformed"),
+        ("lr_spike", "malformed"),
+        ("lr_spike:factor=3", "missing 'step'"),
+        ("slow:stage=1", "missing 'ms'"),
+        ("crash:rank=1,step=2,when=3", "unknown 'when'"),
+        ("corrupt_batch:step=x", "not key=number"),
+        ("corrupt_batch:step", "not key=number"),
+        ("slow:stage=-1,ms=3", "negative"),
+    ],
+)
+def test_bad_faults(text: str, why: str) -> None:
+    with pytest.raises(InputError, match=why) as e:
+        parse_train_faults(text)
+    assert "\n" not in str(e.value)
+
+
+def test_checkpoints_are_complete_only_with_meta_and_pruned(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (2, 5, 9):
+        for rank in range(2):
+            ckpt.save_rank_state(root, step, rank, {"step": step, "w": torch.full((2,), step)})
+        ckpt.write_meta(root, step, {"job": {"lr": 0.1}})
+    ckpt.save_rank_state(root, 11, 0, {"step": 11})  # a crash before rank 1 and the meta
+    assert [c.step for c in ckpt.find_checkpoints(root)] == [2, 5, 9]
+    last = ckpt.latest_checkpoint(root)
+    assert last is not None and last.step == 9 and last.meta["job"] == {"lr": 0.1}
+    assert torch.equal(ckpt.load_rank_state(last.path, 1)["w"], torch.full((2,), 9))
+    assert not list(last.path.glob("*.tmp"))  # written through a temporary file and a rename
+    removed = ckpt.prune_checkpoints(root, keep=2)
+    assert [p.name for p in removed] == ["step-00000002"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "step-00000005",
+        "step-00000009",
+        "step-00000011",  # newer than the last complete one: might still be being written
+    ]
+    ckpt.check_meta(last, {"job": {"lr": 0.1}})
+    with pytest.raises(MismatchError, match="another job"):
+        ckpt.check_meta(last, {"job": {"lr": 0.2}})
+    with pytest.raises(InputError, match="no state for rank 3"):
+        ckpt.load_rank_state(last.path, 3)
+
+
+def _log(profile, **changes) -> dict:
+    timeline = []
+    for rp in profile.ranks:
+        t = 0.0
+        for a in rp.actions:
+            timeline.append(
+                {"action": a, "rank": rp.rank, "start_ms": t, "end_ms": t + 1, "frozen": []}
+            )
+            t += 1.5
+    doc = {
+        "format": "freezeopt-actions",
+        "version": 1,
+        "schedule": profile.pipeline.schedule,
+        "world_size": profile.pipeline.world_size,
+        "n_stages": profile.pipeline.n_stages,
+        "n_microbatches": profile.pipeline.n_microbatches,
+        "freeze": {"step": 7, "step_ms": t, "timeline": timeline},
+        "full": None,
+    }
+    doc.update(changes)
+    return doc
+
+
+def test_action_log_is_read_and_checked(tmp_path: Path) -> None:
+    profile = make_profile()
+    dag = build_dag(profile)
+    path = tmp_path / "actions.json"
+    path.write_text(json.dumps(_log(profile)))
+    (m,) = load_action_log(path, dag, schedule="1F1B")
+    assert m.kind == "freeze" and m.step == 7 and set(m.timeline.start) == set(dag.order)
+    path.write_text(json.dumps(_log(profile, n_microbatches=8)))
+    with pytest.raises(MismatchError, match="8 microbatches"):
+        load_action_log(path, dag, schedule="1F1B")
+    doc = _log(profile)
+    doc["freeze"]["timeline"] = doc["freeze"]["timeline"][1:]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(MismatchError, match="exactly the profile's actions"):
+        load_action_log(path, dag, schedule="1F1B")
+    path.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(InputError, match="not a freezeopt action log"):
+        load_action_log(path, dag, schedule="1F1B")
+    with pytest.raises(InputError, match="not found"):
+        load_action_log(tmp_path / "nope.json", dag, schedule="1F1B")
