@@ -1,5 +1,5 @@
 # freezeopt — every target installs what it needs into a local venv first.
-#   make demo    profile the built-in job for real → solve → simulate → Gantt (files in out/)
+#   make demo    profile the built-in job for real → solve → train with the schedule → Gantt (files in out/)
 #   make test    the test suite
 #   make bench   solver benchmarks → benchmarks/solver.md
 #   make reliability  fuzzing (>10,000 cases) and fault injection → benchmarks/reliability.md
@@ -31,7 +31,10 @@ demo: install
 	$(BIN)/freezeopt profile tiny-gpt -o out/tiny-gpt.json
 	$(BIN)/freezeopt solve out/tiny-gpt.json --budget 0.1 -o out/tiny-gpt.yaml
 	$(BIN)/freezeopt validate out/tiny-gpt.yaml --profile out/tiny-gpt.json
-	$(BIN)/freezeopt simulate out/tiny-gpt.yaml --profile out/tiny-gpt.json --gantt out/tiny-gpt.png
+	$(BIN)/freezeopt train tiny-gpt --schedule out/tiny-gpt.yaml --steps 60 --warmup-steps 12 \
+		--full-update-every 3 --out-dir out/train
+	$(BIN)/freezeopt simulate out/tiny-gpt.yaml --profile out/tiny-gpt.json \
+		--measured out/train/actions.json --gantt out/tiny-gpt.png
 
 bench: install
 	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver.md

@@ -173,6 +173,20 @@ def train(
     val_every: Annotated[
         int, typer.Option(help="Validation loss every N steps (0: only at the end).")
     ] = 0,
+    pipeline: Annotated[
+        str | None,
+        typer.Option(help="Override the job's pipeline schedule (torch name or CSV file)."),
+    ] = None,
+    ranks: Annotated[int | None, typer.Option(help="Override the number of ranks.")] = None,
+    stages_per_rank: Annotated[int | None, typer.Option(help="Override stages per rank.")] = None,
+    microbatches: Annotated[
+        int | None, typer.Option(help="Override microbatches per step.")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Override the batch size (samples per step).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="Override the device: cpu or cuda.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the seed.")] = None,
     fault: Annotated[
         str | None,
         typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.trainer)."),
@@ -190,10 +204,18 @@ def train(
     groups) or nothing starts. Freezing steps are timed side by side with the run's full-update
     steps (warm-up, full-update windows), so the measured speed-up needs some of both.
 
+    Job fields can be overridden as for `freezeopt profile` (the pipeline schedule is --pipeline
+    here, since --schedule names the freezing schedule): train the job you profiled.
+
     Example: freezeopt train tiny-gpt --schedule schedules/tiny-gpt-1f1b.yaml --steps 60 --warmup-steps 10
     """
     from freezeopt.train import format_train_report, train_job
 
+    given = {
+        "schedule": pipeline, "ranks": ranks, "stages_per_rank": stages_per_rank,
+        "microbatches": microbatches, "batch_size": batch_size, "device": device, "seed": seed,
+    }  # fmt: skip
+    overrides = {k: v for k, v in given.items() if v is not None}
     report = train_job(
         job,
         schedule_path=schedule,
@@ -209,6 +231,7 @@ def train(
         val_every=val_every,
         progress=not no_progress,
         fault=fault,
+        overrides=overrides or None,
     )
     if as_json:
         _print_json(report.to_dict())
