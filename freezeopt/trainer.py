@@ -24,7 +24,8 @@ full per-action timeline for the measured Gantt. Rank 0 appends events and per-s
 `events.jsonl` and `metrics.jsonl` as they happen (and to TensorBoard when installed).
 
 Test-only faults (`TrainFault`): `lr_spike:step=K[,factor=F]` multiplies the learning rate by F
-(default 100) for step K; `corrupt_batch:step=K` replaces step K's batch with random data;
+(default 100) for step K; `corrupt_batch:step=K[,steps=N]` replaces the batches of N steps
+(default 1) from step K on with random data;
 `slow:stage=S,ms=X[,step=K]` spins X ms in every action of stage S from step K on;
 `crash:rank=R,step=K`, `kill:…` and `hang:…` as in `freezeopt profile`.
 """
@@ -85,11 +86,13 @@ class TrainFault:
     stage: int = 0
     factor: float = 100.0
     ms: float = 0.0
+    steps: int = 1
+    """`corrupt_batch`: how many consecutive steps from `step` on."""
 
 
 _FAULT_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind → (required, optional)
     "lr_spike": ({"step"}, {"factor"}),
-    "corrupt_batch": ({"step"}, set()),
+    "corrupt_batch": ({"step"}, {"steps"}),
     "slow": ({"stage", "ms"}, {"step"}),
     "crash": ({"rank", "step"}, set()),
     "kill": ({"rank", "step"}, set()),
@@ -122,7 +125,7 @@ def parse_train_faults(text: str) -> tuple[TrainFault, ...]:
         if unknown or missing:
             what = f"unknown {unknown[0]!r}" if unknown else f"missing {missing[0]!r}"
             raise InputError(f"fault {part!r}: {what}; {hint}")
-        ints = {k: int(v) for k, v in values.items() if k in ("step", "rank", "stage")}
+        ints = {k: int(v) for k, v in values.items() if k in ("step", "rank", "stage", "steps")}
         if any(v < 0 for v in ints.values()) or values.get("ms", 0) < 0:
             raise InputError(f"fault {part!r}: values must not be negative")
         out.append(
@@ -424,7 +427,9 @@ class _Trainer:
 
         rp, ctrl = self.rp, self.ctrl
         x, y = rp.data.train(step)
-        if self._fault("corrupt_batch") is not None:
+        if any(
+            f.kind == "corrupt_batch" and f.step <= step < f.step + f.steps for f in self.faults
+        ):
             x, y = _corrupt(x, step), _corrupt(y, step + 1)
         rp.optimizer.zero_grad(set_to_none=True)
         losses: list[Any] = []

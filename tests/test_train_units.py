@@ -25,6 +25,7 @@ def test_faults_parse() -> None:
         TrainFault(kind="crash", rank=1, step=7),
     )
     assert parse_train_faults("corrupt_batch:step=4")[0].kind == "corrupt_batch"
+    assert parse_train_faults("corrupt_batch:step=4,steps=3")[0].steps == 3
     assert parse_train_faults("lr_spike:step=1,factor=1000")[0].factor == 1000.0
 
 
