@@ -189,7 +189,7 @@ def train(
     seed: Annotated[int | None, typer.Option(help="Override the seed.")] = None,
     fault: Annotated[
         str | None,
-        typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.trainer)."),
+        typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.faults)."),
     ] = None,
     no_progress: Annotated[
         bool, typer.Option("--no-progress", help="No progress bar on stderr.")

@@ -45,13 +45,14 @@ from typing import Any
 
 from freezeopt import checkpoint as ckpt
 from freezeopt.errors import InputError, MismatchError
+from freezeopt.faults import parse_train_faults
 from freezeopt.fileio import atomic_write_text
 from freezeopt.job import Job, add_search_path, load_job, replace_job
 from freezeopt.launch import cpu_snapshot, host_info, in_torchrun, load_avg, other_cpu, run_ranks
 from freezeopt.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
 from freezeopt.profile_assemble import OTHERS_BUSY
 from freezeopt.schedule import Schedule, dump_schedule, load_schedule, schedule_sha256
-from freezeopt.trainer import RankTrainResult, TrainSpec, jsonable, parse_train_faults, train_rank
+from freezeopt.trainer import RankTrainResult, TrainSpec, jsonable, train_rank
 
 __all__ = ["TrainReport", "check_schedule_fits", "format_train_report", "train_job"]
 
@@ -163,7 +164,7 @@ def train_job(
     `rescale=False` leaves partly frozen groups' gradients unscaled (for comparison).
     Checkpoints are taken at phase boundaries, every `checkpoint_every` steps (0: never) and at the
     end; `keep_checkpoints` are kept. `val_every` adds validation losses during the run (0: only at
-    the end). `fault` is for tests (see `freezeopt.trainer`). Raises MismatchError, before any
+    the end). `fault` is for tests (see `freezeopt.faults`). Raises MismatchError, before any
     process starts, when the schedule does not fit the job; RankFailedError when a rank crashes or
     hangs (the run can then continue with `resume`).
     """

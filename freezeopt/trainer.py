@@ -23,11 +23,7 @@ CUDA-event cost), classified as freezing or full-update steps; the last 16 of ea
 full per-action timeline for the measured Gantt. Rank 0 appends events and per-step scalars to
 `events.jsonl` and `metrics.jsonl` as they happen (and to TensorBoard when installed).
 
-Test-only faults (`TrainFault`): `lr_spike:step=K[,factor=F]` multiplies the learning rate by F
-(default 100) for step K; `corrupt_batch:step=K[,steps=N]` replaces the batches of N steps
-(default 1) from step K on with random data;
-`slow:stage=S,ms=X[,step=K]` spins X ms in every action of stage S from step K on;
-`crash:rank=R,step=K`, `kill:…` and `hang:…` as in `freezeopt profile`.
+Test-only faults (`freezeopt.faults`) hook in at the batch, the learning rate and each action.
 """
 
 from __future__ import annotations
@@ -35,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import signal
 import socket
 import threading
@@ -44,10 +39,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from freezeopt import checkpoint as ckpt
-from freezeopt.errors import InputError, MismatchError
+from freezeopt.errors import MismatchError
+from freezeopt.faults import TrainFault, corrupt
 from freezeopt.job import Job
 from freezeopt.launch import RankContext
 from freezeopt.pipeline import (
@@ -60,83 +56,11 @@ from freezeopt.pipeline import (
 )
 from freezeopt.schedule import Schedule
 
-__all__ = [
-    "RankTrainResult",
-    "TrainFault",
-    "TrainSpec",
-    "jsonable",
-    "parse_train_faults",
-    "train_rank",
-]
+__all__ = ["RankTrainResult", "TrainSpec", "jsonable", "train_rank"]
 
 _PHASES = ("full", "warmup", "freeze", "full_window", "fallback")
 TIMELINES_KEPT = 16
 """Per class (freezing, full-update): how many recent steps keep their whole action timeline."""
-
-FaultKind = Literal["lr_spike", "corrupt_batch", "slow", "crash", "kill", "hang"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainFault:
-    """A test-only injected fault (see the module docstring)."""
-
-    kind: FaultKind
-    step: int = 0
-    rank: int = 0
-    stage: int = 0
-    factor: float = 100.0
-    ms: float = 0.0
-    steps: int = 1
-    """`corrupt_batch`: how many consecutive steps from `step` on."""
-
-
-_FAULT_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind → (required, optional)
-    "lr_spike": ({"step"}, {"factor"}),
-    "corrupt_batch": ({"step"}, {"steps"}),
-    "slow": ({"stage", "ms"}, {"step"}),
-    "crash": ({"rank", "step"}, set()),
-    "kill": ({"rank", "step"}, set()),
-    "hang": ({"rank", "step"}, set()),
-}
-_FAULT_RE = re.compile(r"^([a-z_]+):(.*)$")
-
-
-def parse_train_faults(text: str) -> tuple[TrainFault, ...]:
-    """Parse `lr_spike:step=12;slow:stage=1,ms=20,step=5` (faults separated by `;`)."""
-    out: list[TrainFault] = []
-    hint = "write e.g. lr_spike:step=12,factor=100 or corrupt_batch:step=12 or slow:stage=1,ms=20"
-    for part in filter(None, (p.strip() for p in text.replace(" ", "").split(";"))):
-        m = _FAULT_RE.match(part)
-        if m is None or m.group(1) not in _FAULT_FIELDS:
-            raise InputError(f"fault {part!r} is malformed; {hint}")
-        kind, body = m.group(1), m.group(2)
-        values: dict[str, float] = {}
-        for kv in filter(None, body.split(",")):
-            k, sep, v = kv.partition("=")
-            try:
-                values[k] = float(v)
-            except ValueError:
-                raise InputError(f"fault {part!r}: {kv!r} is not key=number; {hint}") from None
-            if not sep:
-                raise InputError(f"fault {part!r}: {kv!r} is not key=number; {hint}")
-        need, opt = _FAULT_FIELDS[kind]
-        unknown = sorted(set(values) - need - opt)
-        missing = sorted(need - set(values))
-        if unknown or missing:
-            what = f"unknown {unknown[0]!r}" if unknown else f"missing {missing[0]!r}"
-            raise InputError(f"fault {part!r}: {what}; {hint}")
-        ints = {k: int(v) for k, v in values.items() if k in ("step", "rank", "stage", "steps")}
-        if any(v < 0 for v in ints.values()) or values.get("ms", 0) < 0:
-            raise InputError(f"fault {part!r}: values must not be negative")
-        out.append(
-            TrainFault(
-                kind=kind,  # type: ignore[arg-type]
-                factor=values.get("factor", 100.0),
-                ms=values.get("ms", 0.0),
-                **ints,
-            )
-        )
-    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -430,7 +354,7 @@ class _Trainer:
         if any(
             f.kind == "corrupt_batch" and f.step <= step < f.step + f.steps for f in self.faults
         ):
-            x, y = _corrupt(x, step), _corrupt(y, step + 1)
+            x, y = corrupt(x, step), corrupt(y, step + 1)
         rp.optimizer.zero_grad(set_to_none=True)
         losses: list[Any] = []
         args, kwargs = rp.step_inputs(x, y, losses)
@@ -671,20 +595,6 @@ class _Trainer:
         self.logs = {}
         if self.tb is not None:
             self.tb.close()
-
-
-def _corrupt(t: Any, seed: int) -> Any:
-    """Random data of `t`'s shape and kind (test-only fault): integers in its range, or noise."""
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        return t
-    g = torch.Generator().manual_seed(1_000_003 + seed)
-    if t.dtype.is_floating_point:
-        scale = float(t.float().std()) if t.numel() > 1 else 1.0
-        return torch.randn(t.shape, generator=g, dtype=t.dtype) * 10 * max(scale, 1.0)
-    lo, hi = int(t.min()), int(t.max())
-    return torch.randint(lo, hi + 1, t.shape, generator=g, dtype=t.dtype)
 
 
 def jsonable(x: Any) -> Any:

@@ -11,7 +11,7 @@ import torch
 from freezeopt import checkpoint as ckpt
 from freezeopt.dag import build_dag
 from freezeopt.errors import InputError, MismatchError
-from freezeopt.trainer import TrainFault, parse_train_faults
+from freezeopt.faults import TrainFault, parse_train_faults
 from freezeopt.workflow import load_action_log
 from tests.conftest import make_profile
 
