@@ -8,6 +8,7 @@ script starts; nothing is copied in by hand.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from freezeopt.compare import CompareOptions, compare_job, format_compare  # noqa: E402
+from freezeopt.compare import CompareOptions, compare_job, format_compare, load_compare  # noqa: E402
 from freezeopt.fileio import atomic_write_text  # noqa: E402
 from freezeopt.job import load_job, replace_job  # noqa: E402
 
@@ -35,6 +36,11 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--sweep", default="0.05,0.2")
     ap.add_argument("--cases", default=",".join(c[0] for c in CASES))
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild RESULTS.md from the compare folders already there",
+    )
     ap.add_argument(
         "--sweep-cases", default="tiny-gpt-1f1b", help="cases that also run the budget sweep"
     )
@@ -64,9 +70,17 @@ def main() -> int:
             continue
         job = replace_job(load_job(job_ref), **overrides) if overrides else load_job(job_ref)
         print(f"[bench] compare {name} …", file=sys.stderr, flush=True)
-        rep = compare_job(
-            job, out_dir=ROOT / "benchmarks" / f"compare-{name}", opts=opts, progress=False
+        case_opts = (
+            opts if name in args.sweep_cases.split(",") else dataclasses.replace(opts, sweep=())
         )
+        out_dir = ROOT / "benchmarks" / f"compare-{name}"
+        if args.report_only:
+            if not (out_dir / "results.json").exists():
+                sections += [f"## {name}", "", "Not run in this benchmark run.", ""]
+                continue
+            rep = load_compare(out_dir)
+        else:
+            rep = compare_job(job, out_dir=out_dir, opts=case_opts, progress=False)
         sections += [
             f"## {name}",
             "",
@@ -79,9 +93,16 @@ def main() -> int:
         if rep.sweep:
             sections += [f"![budget sweep](compare-{name}/budget_sweep.png)", ""]
     load = os.getloadavg()
+    how = (
+        "Rebuilt with `--report-only` from the compare folders already there (each folder's report.md and "
+        "run folders hold the runs' own records); "
+        if args.report_only
+        else ""
+    )
     head = [
         "# Freezing policies compared on real pipelined training",
         "",
+        how,
         f"`python benchmarks/bench_compare.py --steps {args.steps} --repeats {args.repeats} --budget {args.budget} "
         f"--sweep {args.sweep} --sweep-cases {args.sweep_cases}` — {(time.perf_counter() - t0) / 60:.1f} min on {os.cpu_count()} cores "
         f"(load average at the end {load[0]:.2f}). Each policy: the same job, seed and data, {args.steps} steps "

@@ -27,7 +27,14 @@ from freezeopt.policies import POLICIES, Policy, policy_schedule
 from freezeopt.profile_file import load_profile
 from freezeopt.schedule import Drift, Phases, save_schedule
 
-__all__ = ["CompareOptions", "CompareReport", "PolicyResult", "compare_job", "format_compare"]
+__all__ = [
+    "CompareOptions",
+    "CompareReport",
+    "PolicyResult",
+    "compare_job",
+    "format_compare",
+    "load_compare",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +159,7 @@ def compare_job(
             warmup_steps=opts.warmup_steps,
             full_update_every=0,
             val_every=opts.val_every,
+            keep_checkpoints=1,
             progress=progress,
         )
         return _read_run(
@@ -183,6 +191,30 @@ def compare_job(
     )
     _write_outputs(report, out_dir)
     return report
+
+
+def load_compare(out_dir: Path) -> CompareReport:
+    """Read back the `results.json` a comparison wrote."""
+    d = json.loads((Path(out_dir) / "results.json").read_text())
+
+    def run(r: dict[str, Any]) -> Run:
+        return Run(
+            **{
+                **r,
+                "curve": tuple(map(tuple, r["curve"])),
+                "loss_curve": tuple(map(tuple, r["loss_curve"])),
+            }
+        )
+
+    return CompareReport(
+        job=d["job"],
+        out_dir=d["out_dir"],
+        options=d["options"],
+        results=tuple(PolicyResult(**r) for r in d["results"]),
+        runs=tuple(run(r) for r in d["runs"]),
+        sweep=tuple(run(r) for r in d["sweep"]),
+        warnings=tuple(d.get("warnings", ())),
+    )
 
 
 def _read_run(rdir: Path, *, policy: str, budget: float, repeat: int, warmup: int) -> Run:
