@@ -53,7 +53,7 @@ def run(job: Job, tmp: Path, name: str = "p.json") -> tuple[Profile, ProfileRepo
     return load_profile(tmp / name), report
 
 
-def check_consistent(p: Profile, job: Job) -> None:
+def check_consistent(p: Profile, job: Job, *, costs_measurable: bool = True) -> None:
     """What every measured profile must satisfy, whatever the schedule."""
     assert p.provenance.source == "measured" and p.provenance.steps_measured == job.measure_steps
     ran = {parse_action(a) for rp in p.ranks for a in rp.actions}
@@ -89,7 +89,8 @@ def check_consistent(p: Profile, job: Job) -> None:
     assert p.extra["order_check"]["matches_schedule"], p.extra["order_check"]["mismatches"]
     for st in p.stages:
         assert st.groups and all(g.weight_grad_ms.median >= 0 and g.numel > 0 for g in st.groups)
-        assert sum(g.weight_grad_ms.median for g in st.groups) > 0
+        if costs_measurable:
+            assert sum(g.weight_grad_ms.median for g in st.groups) > 0
     assert len(p.loss) == job.measure_steps and all(math.isfinite(x) for x in p.loss)
     assert len(p.val_loss) == 2 and all(math.isfinite(x) for x in p.val_loss)
 
@@ -259,7 +260,9 @@ def test_four_ranks(schedule: str, spr: int, tmp_path: Path) -> None:
         model_args={"d_model": 32, "n_heads": 2, "n_layers": n_stages, "mlp_ratio": 2},
     )
     p, report = run(job, tmp_path)
-    check_consistent(p, job)
+    # four ranks time-share two cores and each stage holds one tiny block: a group's weight-gradient
+    # time is below the timing noise there (it can come out 0); the 2-rank tests check costs
+    check_consistent(p, job, costs_measurable=False)
     assert p.pipeline.world_size == 4 and p.pipeline.n_stages == n_stages and report.order_ok
     assert sorted({st.rank for st in p.stages}) == [0, 1, 2, 3]
 
