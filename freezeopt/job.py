@@ -48,6 +48,7 @@ __all__ = [
     "add_search_path",
     "job_sha256",
     "load_job",
+    "open_job",
     "parse_job",
     "replace_job",
     "resolve_data",
@@ -286,6 +287,22 @@ def add_search_path(job_file: Path | None) -> None:
     for d in (Path.cwd(), job_file.resolve().parent if job_file else None):
         if d is not None and str(d) not in sys.path:
             sys.path.append(str(d))
+
+
+def open_job(job_path_or_spec: str | Path | Job, overrides: Mapping[str, Any] | None = None) -> Job:
+    """A job from a YAML file, a built-in name or a `Job`, with `overrides` applied, and the job
+    file's folder made importable for its `module:function` references."""
+    job_file: Path | None = None
+    if isinstance(job_path_or_spec, Job):
+        job = job_path_or_spec
+    else:
+        job = load_job(job_path_or_spec)
+        p = Path(job_path_or_spec)
+        job_file = p if p.exists() else None
+    if overrides:
+        job = replace_job(job, **overrides)
+    add_search_path(job_file)
+    return job
 
 
 def resolve_model(job: Job) -> Callable[..., ModelParts]:

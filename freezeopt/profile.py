@@ -80,7 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from freezeopt.errors import InputError
-from freezeopt.job import Job, add_search_path, load_job, replace_job
+from freezeopt.job import Job, open_job
 from freezeopt.launch import (
     Fault,
     RankContext,
@@ -149,16 +149,7 @@ def profile_job(
     RankFailedError when a rank crashes or hangs; no file is written then.
     """
     t_start = time.monotonic()
-    job_file: Path | None = None
-    if isinstance(job_path_or_spec, Job):
-        job = job_path_or_spec
-    else:
-        job = load_job(job_path_or_spec)
-        p = Path(job_path_or_spec)
-        job_file = p if p.exists() else None
-    if overrides:
-        job = replace_job(job, **overrides)
-    add_search_path(job_file)
+    job = open_job(job_path_or_spec, overrides)
     if fault is None and os.environ.get("FREEZEOPT_FAULT"):
         fault = os.environ["FREEZEOPT_FAULT"]
     flt = parse_fault(fault) if isinstance(fault, str) else fault

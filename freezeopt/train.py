@@ -47,7 +47,7 @@ from freezeopt import checkpoint as ckpt
 from freezeopt.errors import InputError, MismatchError
 from freezeopt.faults import parse_train_faults
 from freezeopt.fileio import atomic_write_text
-from freezeopt.job import Job, add_search_path, load_job, replace_job
+from freezeopt.job import Job, open_job
 from freezeopt.launch import cpu_snapshot, host_info, in_torchrun, load_avg, other_cpu, run_ranks
 from freezeopt.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
 from freezeopt.profile_assemble import OTHERS_BUSY
@@ -169,7 +169,7 @@ def train_job(
     hangs (the run can then continue with `resume`).
     """
     t_start = time.monotonic()
-    job = _load(job_path_or_spec, overrides)
+    job = open_job(job_path_or_spec, overrides)
     if steps < 1:
         raise InputError(f"--steps must be at least 1 (got {steps})")
     if keep_checkpoints < 1:
@@ -326,20 +326,6 @@ def format_train_report(report: TrainReport) -> str:
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _load(job_path_or_spec: str | Path | Job, overrides: Mapping[str, Any] | None) -> Job:
-    job_file: Path | None = None
-    if isinstance(job_path_or_spec, Job):
-        job = job_path_or_spec
-    else:
-        job = load_job(job_path_or_spec)
-        p = Path(job_path_or_spec)
-        job_file = p if p.exists() else None
-    if overrides:
-        job = replace_job(job, **overrides)
-    add_search_path(job_file)
-    return job
 
 
 def _with_phases(
