@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -314,8 +313,3 @@ def profile_json_schema() -> dict[str, Any]:
     schema["$schema"] = "http://json-schema.org/draft-07/schema#"
     schema["title"] = "freezeopt profile, version 1"
     return schema
-
-
-def finite(x: float) -> bool:
-    """True for finite floats."""
-    return math.isfinite(x)
