@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -156,6 +157,8 @@ def train_job(
     progress: bool = True,
     fault: str | None = None,
     overrides: Mapping[str, Any] | None = None,
+    stop_at_val_loss: float | None = None,
+    stop_from: int = 0,
 ) -> TrainReport:
     """Train `steps` optimizer steps of the job, replaying `schedule_path` (None: no freezing).
 
@@ -164,7 +167,9 @@ def train_job(
     `rescale=False` leaves partly frozen groups' gradients unscaled (for comparison).
     Checkpoints are taken at phase boundaries, every `checkpoint_every` steps (0: never) and at the
     end; `keep_checkpoints` are kept. `val_every` adds validation losses during the run (0: only at
-    the end). `fault` is for tests (see `freezeopt.faults`). Raises MismatchError, before any
+    the end). `stop_at_val_loss` ends the run early: at the first validation from step `stop_from`
+    on (validated there too) once a validation loss of the run is at most it (an `early_stop` event;
+    the report's `end_step` is where it stopped). `fault` is for tests (see `freezeopt.faults`). Raises MismatchError, before any
     process starts, when the schedule does not fit the job; RankFailedError when a rank crashes or
     hangs (the run can then continue with `resume`).
     """
@@ -176,6 +181,10 @@ def train_job(
         raise InputError("--keep-checkpoints must be at least 1")
     if checkpoint_every < 0 or val_every < 0:
         raise InputError("--checkpoint-every and --val-every must not be negative (0: off)")
+    if stop_at_val_loss is not None and not (
+        math.isfinite(stop_at_val_loss) and 0 <= stop_from <= steps
+    ):
+        raise InputError("stop_at_val_loss must be finite and stop_from within 0..steps")
     schedule = None
     if schedule_path is not None:
         schedule = _with_phases(load_schedule(schedule_path), warmup_steps, full_update_every)
@@ -226,6 +235,8 @@ def train_job(
         keep_checkpoints=keep_checkpoints,
         checkpoint_every=checkpoint_every,
         val_every=val_every,
+        stop_at_val_loss=stop_at_val_loss,
+        stop_from=stop_from,
         measure_from=start + job.warmup_steps,
         faults=faults,
         meta=meta,
@@ -370,6 +381,7 @@ def _assemble(
     job, plan, sched = spec.job, spec.plan, spec.schedule
     r0 = results[0]
     steps = list(r0.steps)
+    end = steps[-1]["step"] + 1 if steps else spec.steps  # < spec.steps after an early stop
     measured = [s for s in steps if s["step"] >= spec.measure_from]
     freeze = [s["step_ms"] for s in measured if s["freezing"]]
     full = [s["step_ms"] for s in measured if not s["freezing"]]
@@ -420,7 +432,7 @@ def _assemble(
         n_microbatches=job.microbatches,
         device=r0.device,
         start_step=r0.start_step,
-        end_step=spec.steps,
+        end_step=end,
         step_ms=step_ms,
         full_step_ms=full_ms,
         predicted_step_ms=pred.predicted_ms if pred else None,
@@ -441,7 +453,7 @@ def _assemble(
         full_steps=len(full),
         comparison=COMPARISON + f", steps before {spec.measure_from} left out",
         loss=losses[-1][1] if losses else None,
-        val_loss=vals[-1][1] if vals and vals[-1][0] == spec.steps else None,
+        val_loss=vals[-1][1] if vals and vals[-1][0] == end else None,
         losses=losses,
         val_losses=vals,
         fallbacks=sum(e["event"] == "drift" for e in events),

@@ -81,6 +81,11 @@ class TrainSpec:
     val_every: int = 0
     measure_from: int = 0
     """Steps before this one are left out of timing statistics (torch's one-time setup)."""
+    stop_at_val_loss: float | None = None
+    """End the run early, at the first validation from step `stop_from` on, once a validation loss
+    of this run is at most this (None: run all `steps`)."""
+    stop_from: int = 0
+    """With `stop_at_val_loss`: the run trains at least this many steps and validates there too."""
     faults: tuple[TrainFault, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
     """Written into every checkpoint's meta.json (what a resume must match)."""
@@ -282,6 +287,7 @@ class _Trainer:
             "full": deque(maxlen=TIMELINES_KEPT),
         }
         vals: list[tuple[int, float]] = []
+        end, target = spec.steps, spec.stop_at_val_loss
         for step in range(start, spec.steps):
             self.step_idx = self.beat.step = step
             self._checkpoint_before(step, start)
@@ -313,17 +319,29 @@ class _Trainer:
                         self.frozen_plan if freezing else {},
                     )
                 )
-            if spec.val_every and (step + 1) % spec.val_every == 0 and step + 1 < spec.steps:
-                v = self._validate(step + 1)
+            at = step + 1
+            if at < spec.steps and (
+                (spec.val_every and at % spec.val_every == 0)
+                or (target is not None and at == spec.stop_from)
+            ):
+                v = self._validate(at)
                 if v is not None:
-                    vals.append((step + 1, v))
+                    vals.append((at, v))
                 self.beat.set_phase("train")
+                best = min((x for _, x in vals), default=math.inf)
+                if target is not None and at >= spec.stop_from and best <= target:
+                    end = at  # every rank sees the same broadcast validation losses
+                    self._log_events(
+                        [{"step": at, "event": "early_stop", "val_loss": best, "target": target}]
+                    )
+                    break
             self.beat.tick(2 + step - start)
-        v = self._validate(spec.steps)
-        if v is not None:
-            vals.append((spec.steps, v))
-        if spec.steps > start:
-            self._save(spec.steps, reason="end")
+        if end == spec.steps:
+            v = self._validate(end)
+            if v is not None:
+                vals.append((end, v))
+        if end > start:
+            self._save(end, reason="end")
         dist.barrier()
         self._close_logs()
         return RankTrainResult(
