@@ -8,11 +8,17 @@ place: a folder without `meta.json` is incomplete (a crash mid-save) and is neve
 `step` is the first step still to run, so resuming from `step-00000042` runs step 42 next. Every
 file goes through a temporary file in the same folder and a rename, so a reader sees the old file
 or the new one, never half of either; `keep` bounds how many complete checkpoints stay on disk.
+
+Atomic writes do not protect a file after it is written (a bad disk, a copy cut short, a stray
+edit), so `meta.json` also records the SHA-256 of every rank's file, hashed from disk after the
+rename. `good_checkpoints` checks them and a resume or a rollback takes the newest checkpoint whose
+files all match, naming the ones it skipped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -27,11 +33,14 @@ from freezeopt.fileio import atomic_write_text
 __all__ = [
     "Checkpoint",
     "checkpoint_dir",
+    "file_sha256",
     "find_checkpoints",
+    "good_checkpoints",
     "latest_checkpoint",
     "load_rank_state",
     "prune_checkpoints",
     "save_rank_state",
+    "verify_rank_file",
     "write_meta",
 ]
 
@@ -54,8 +63,9 @@ def checkpoint_dir(root: Path, step: int) -> Path:
     return Path(root) / f"{_PREFIX}{step:08d}"
 
 
-def save_rank_state(root: Path, step: int, rank: int, state: dict[str, Any]) -> Path:
-    """Write this rank's state of the checkpoint before `step` (atomically)."""
+def save_rank_state(root: Path, step: int, rank: int, state: dict[str, Any]) -> tuple[Path, str]:
+    """Write this rank's state of the checkpoint before `step` (atomically); returns the file and
+    its SHA-256 (read back from disk), which `write_meta` records."""
     import torch
 
     folder = checkpoint_dir(root, step)
@@ -77,13 +87,59 @@ def save_rank_state(root: Path, step: int, rank: int, state: dict[str, Any]) -> 
         raise FreezeoptError(
             f"cannot write checkpoint {target}: {e.strerror or e}; free disk space or pass another --out-dir"
         ) from None
-    return target
+    try:
+        digest = file_sha256(target)
+    except OSError as e:
+        raise FreezeoptError(f"cannot read back checkpoint {target}: {e.strerror or e}") from None
+    return target, digest
 
 
-def write_meta(root: Path, step: int, meta: dict[str, Any]) -> Path:
-    """Mark the checkpoint before `step` complete (call after every rank saved its state)."""
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_rank_file(ckpt: Checkpoint, rank: int) -> str | None:
+    """None when rank `rank`'s file of `ckpt` matches the checksum in its meta.json, else why not."""
+    want = (ckpt.meta.get("sha256") or {}).get(str(rank)) if isinstance(ckpt.meta, dict) else None
+    f = ckpt.path / f"rank{rank}.pt"
+    if not isinstance(want, str):
+        return f"{ckpt.path / META} records no checksum for rank {rank}"
+    try:
+        got = file_sha256(f)
+    except OSError as e:
+        return f"cannot read {f}: {e.strerror or e}"
+    if got != want:
+        return f"{f} is corrupted (SHA-256 {got[:12]}…, {want[:12]}… recorded)"
+    return None
+
+
+def good_checkpoints(
+    root: Path, ranks: range | list[int]
+) -> tuple[list[Checkpoint], list[tuple[Checkpoint, str]]]:
+    """Complete checkpoints whose files for `ranks` all match their checksums (oldest first), and
+    the complete ones that do not, each with the reason (the first bad file)."""
+    good: list[Checkpoint] = []
+    bad: list[tuple[Checkpoint, str]] = []
+    for c in find_checkpoints(root):
+        why = next((w for r in ranks if (w := verify_rank_file(c, r)) is not None), None)
+        if why is None:
+            good.append(c)
+        else:
+            bad.append((c, why))
+    return good, bad
+
+
+def write_meta(root: Path, step: int, meta: dict[str, Any], digests: dict[int, str]) -> Path:
+    """Mark the checkpoint before `step` complete (call after every rank saved its state), with
+    each rank's file checksum (`digests`: rank → SHA-256 from `save_rank_state`)."""
     folder = checkpoint_dir(root, step)
-    atomic_write_text(folder / META, json.dumps({**meta, "step": step}, indent=2, sort_keys=True))
+    doc = {**meta, "step": step, "sha256": {str(r): d for r, d in sorted(digests.items())}}
+    atomic_write_text(folder / META, json.dumps(doc, indent=2, sort_keys=True))
     return folder
 
 
@@ -119,6 +175,8 @@ def find_checkpoints(root: Path) -> list[Checkpoint]:
             meta = json.loads((d / META).read_text())
         except (OSError, ValueError):
             continue  # incomplete: a crash while saving
+        if not isinstance(meta, dict):
+            continue
         out.append(Checkpoint(path=d, step=int(d.name[len(_PREFIX) :]), meta=meta))
     return out
 

@@ -10,6 +10,9 @@ hidden `--fault` option of `freezeopt train`, several separated by `;`:
   random data of the same shape and kind;
 * `slow:stage=S,ms=X[,step=K]` spins X ms in every action of stage S from step K on (busy, so the
   stage is slower, not idle);
+* `nan_loss:step=K` makes the loss of step K NaN (every microbatch; the update is skipped);
+* `corrupt_checkpoint:step=K[,rank=R]` flips one byte of rank R's file (default 0) in the newest
+  checkpoint at the start of step K, as a failing disk would;
 * `crash:rank=R,step=K`, `kill:…` and `hang:…` as in `freezeopt profile` (rank R raises, dies of
   SIGKILL or blocks forever in its first forward of step K).
 """
@@ -22,9 +25,11 @@ from typing import Any, Literal
 
 from freezeopt.errors import InputError
 
-__all__ = ["TrainFault", "corrupt", "parse_train_faults"]
+__all__ = ["TrainFault", "corrupt", "damage_file", "parse_train_faults"]
 
-FaultKind = Literal["lr_spike", "corrupt_batch", "slow", "crash", "kill", "hang"]
+FaultKind = Literal[
+    "lr_spike", "corrupt_batch", "slow", "nan_loss", "corrupt_checkpoint", "crash", "kill", "hang"
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +50,8 @@ _FAULT_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind → (required, o
     "lr_spike": ({"step"}, {"factor"}),
     "corrupt_batch": ({"step"}, {"steps"}),
     "slow": ({"stage", "ms"}, {"step"}),
+    "nan_loss": ({"step"}, set()),
+    "corrupt_checkpoint": ({"step"}, {"rank"}),
     "crash": ({"rank", "step"}, set()),
     "kill": ({"rank", "step"}, set()),
     "hang": ({"rank", "step"}, set()),
@@ -102,3 +109,14 @@ def corrupt(t: Any, seed: int) -> Any:
         return torch.randn(t.shape, generator=g, dtype=t.dtype) * 10 * max(scale, 1.0)
     lo, hi = int(t.min()), int(t.max())
     return torch.randint(lo, hi + 1, t.shape, generator=g, dtype=t.dtype)
+
+
+def damage_file(path: Any) -> None:
+    """Flip one byte in the middle of a file, in place (test-only fault: a failing disk)."""
+    with open(path, "r+b") as f:
+        f.seek(0, 2)
+        mid = f.tell() // 2
+        f.seek(mid)
+        b = f.read(1)
+        f.seek(mid)
+        f.write(bytes([b[0] ^ 0xFF]) if b else b"\xff")

@@ -197,7 +197,10 @@ def train_job(
         check_schedule_fits(schedule, job, plan, groups, source=str(schedule_path))
     faults = parse_train_faults(fault or "")
     for f in faults:
-        if f.kind in ("crash", "kill", "hang") and not 0 <= f.rank < job.ranks:
+        if (
+            f.kind in ("crash", "kill", "hang", "corrupt_checkpoint")
+            and not 0 <= f.rank < job.ranks
+        ):
             raise InputError(f"fault names rank {f.rank}, but the job has ranks 0..{job.ranks - 1}")
         if f.kind == "slow" and not 0 <= f.stage < plan.n_stages:
             raise InputError(f"fault names stage {f.stage}, but the job has {plan.n_stages} stages")
@@ -209,11 +212,21 @@ def train_job(
     }
     start, resume_from = 0, None
     if resume:
-        last = ckpt.latest_checkpoint(out / "checkpoints")
-        if last is None:
+        skipped: list[dict[str, str]] = []
+        good, corrupt = ckpt.good_checkpoints(out / "checkpoints", range(job.ranks))
+        newest_good = good[-1].step if good else -1
+        for c, why in corrupt:
+            if c.step > newest_good:
+                warnings.append(f"checkpoint {c.path} skipped: {why}")
+                skipped.append({"checkpoint": str(c.path), "reason": why})
+        if not good:
+            what = "intact" if corrupt else "complete"
             raise InputError(
-                f"no complete checkpoint under {out / 'checkpoints'}; run without --resume to start training"
+                f"no {what} checkpoint under {out / 'checkpoints'}"
+                + (f" ({corrupt[-1][1]})" if corrupt else "")
+                + "; run without --resume to start training"
             )
+        last = good[-1]
         ckpt.check_meta(last, {**meta, "world_size": job.ranks})
         if last.step >= steps:
             raise InputError(
@@ -232,6 +245,7 @@ def train_job(
         rescale=rescale,
         rollback=rollback,
         resume_from=resume_from,
+        resume_skipped=tuple(skipped) if resume else (),
         keep_checkpoints=keep_checkpoints,
         checkpoint_every=checkpoint_every,
         val_every=val_every,

@@ -43,7 +43,7 @@ from typing import Any
 
 from freezeopt import checkpoint as ckpt
 from freezeopt.errors import MismatchError
-from freezeopt.faults import TrainFault, corrupt
+from freezeopt.faults import TrainFault, corrupt, damage_file
 from freezeopt.job import Job
 from freezeopt.launch import RankContext
 from freezeopt.pipeline import (
@@ -76,6 +76,8 @@ class TrainSpec:
     rescale: bool = True
     rollback: bool = False
     resume_from: str | None = None
+    resume_skipped: tuple[dict[str, str], ...] = ()
+    """Newer checkpoints the resume passed over as corrupted (logged as events)."""
     keep_checkpoints: int = 3
     checkpoint_every: int = 0
     val_every: int = 0
@@ -236,6 +238,8 @@ class _Trainer:
         """The job's loss; its time is counted in the last stage's F, as the profiler counts it."""
         tok = self.clock.start()
         loss = self.rp.loss_fn(output, target, *args, **kwargs)
+        if self._fault("nan_loss") is not None:
+            loss = loss * float("nan")
         rec, self.pending_loss = self.pending_loss, None
         if rec is not None:
             rec[4] = time.perf_counter()
@@ -291,6 +295,10 @@ class _Trainer:
         for step in range(start, spec.steps):
             self.step_idx = self.beat.step = step
             self._checkpoint_before(step, start)
+            bad = self._fault("corrupt_checkpoint")
+            newest = ckpt.latest_checkpoint(self.ckdir)
+            if bad is not None and bad.rank == self.rank and newest is not None:
+                damage_file(newest.path / f"rank{self.rank}.pt")
             events = self.ctrl.begin_step(step) if self.ctrl is not None else []
             self._log_events(events)
             freezing = self.ctrl is not None and self.ctrl.freezing
@@ -502,12 +510,15 @@ class _Trainer:
 
         phase = self.beat.phase
         self.beat.set_phase("checkpoint")
-        ckpt.save_rank_state(self.ckdir, step, self.rank, self._state(step))
-        dist.barrier()
+        _, digest = ckpt.save_rank_state(self.ckdir, step, self.rank, self._state(step))
+        digests: list[Any] = [None] * self.world
+        dist.all_gather_object(digests, digest)  # also the barrier: every file is in place
         path = ckpt.checkpoint_dir(self.ckdir, step)
         if self.rank == 0:
-            ckpt.write_meta(self.ckdir, step, {**self.spec.meta, "world_size": self.world})
+            meta = {**self.spec.meta, "world_size": self.world}
+            ckpt.write_meta(self.ckdir, step, meta, dict(enumerate(digests)))
             ckpt.prune_checkpoints(self.ckdir, self.spec.keep_checkpoints)
+        dist.barrier()  # meta.json is written before anyone may roll back to it
         self.last_ckpt = str(path)
         self.checkpoints.append(str(path))
         self._log_events(
@@ -537,15 +548,51 @@ class _Trainer:
         assert self.spec.resume_from is not None
         state = self._load_into(self.spec.resume_from, full=True)
         step = int(state["step"])
-        self._log_events([{"step": step, "event": "resume", "checkpoint": self.spec.resume_from}])
+        self._log_events(
+            [
+                {"step": step, "event": "checkpoint_corrupt", **skipped}
+                for skipped in self.spec.resume_skipped
+            ]
+            + [{"step": step, "event": "resume", "checkpoint": self.spec.resume_from}]
+        )
         return step
 
-    def _rollback(self, step: int) -> None:
-        if self.last_ckpt is None:
+    def _good_checkpoint(self, step: int) -> str | None:
+        """The newest checkpoint of this run whose files match their checksums on every rank
+        (each rank checks its own file; they agree through one all-reduce); corrupted ones are
+        logged and skipped."""
+        import torch
+        import torch.distributed as dist
+
+        found = [c for c in ckpt.find_checkpoints(self.ckdir) if c.step <= step]
+        for c in reversed(found):
+            why = ckpt.verify_rank_file(c, self.rank)
+            flag = torch.tensor([0.0 if why is None else 1.0 + self.rank], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if float(flag) == 0.0:
+                return str(c.path)
+            bad_rank = int(float(flag)) - 1
+            boxes: list[Any] = [why]
+            dist.broadcast_object_list(boxes, src=bad_rank)
             self._log_events(
-                [{"step": step, "event": "rollback_skipped", "reason": "no checkpoint yet"}]
+                [
+                    {
+                        "step": step,
+                        "event": "checkpoint_corrupt",
+                        "checkpoint": str(c.path),
+                        "reason": str(boxes[0]),
+                    }
+                ]
             )
+        return None
+
+    def _rollback(self, step: int) -> None:
+        target = self._good_checkpoint(step) if self.last_ckpt is not None else None
+        if target is None:
+            reason = "no checkpoint yet" if self.last_ckpt is None else "no intact checkpoint"
+            self._log_events([{"step": step, "event": "rollback_skipped", "reason": reason}])
             return
+        self.last_ckpt = target
         state = self._load_into(self.last_ckpt, full=False)
         if self.ctrl is not None and state.get("controller") is not None:
             self.ctrl.rollback_to(state["controller"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import yaml
 
 from freezeopt.errors import InputError, MismatchError
 from freezeopt.examples.tiny_gpt import build_model, stdlib_bytes
+from freezeopt.faults import damage_file
 from freezeopt.job import Job, load_job, replace_job
 from freezeopt.launch import RankFailedError
 from freezeopt.pipeline import plan_pipeline, preflight
@@ -214,6 +216,7 @@ def test_crash_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     with pytest.raises(RankFailedError) as e:
         train_job(job, out_dir=tmp_path / "cut", fault="crash:rank=1,step=7", **kw)
     assert "--resume" in str(e.value) and "\n" not in str(e.value)
+    shutil.copytree(tmp_path / "cut", tmp_path / "damaged")
     rest = train_job(job, out_dir=tmp_path / "cut", resume=True, **kw)
     # checkpoints are taken entering freezing: after warm-up (2) and after the full window at 5 (6)
     assert rest.start_step == 6
@@ -233,6 +236,13 @@ def test_crash_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     assert [m["step"] for m in metrics(tmp_path / "cut") if "loss" in m] == list(range(10))
     with pytest.raises(InputError, match="larger than 10"):
         train_job(job, out_dir=tmp_path / "cut", resume=True, **kw)
+    # a damaged newest checkpoint: detected by its checksum, the one before it is used
+    damage_file(tmp_path / "damaged" / "checkpoints" / "step-00000006" / "rank1.pt")
+    older = train_job(job, out_dir=tmp_path / "damaged", resume=True, **kw)
+    assert older.start_step == 2 and older.losses == whole.losses[2:]
+    assert any("step-00000006" in w and "corrupted" in w for w in older.warnings)
+    bad = [e for e in events(tmp_path / "damaged") if e["event"] == "checkpoint_corrupt"]
+    assert len(bad) == 1 and bad[0]["step"] == 2 and "rank1.pt" in bad[0]["reason"]
 
 
 def test_injected_drift_falls_back_rolls_back_and_recovers(tmp_path: Path) -> None:
@@ -267,6 +277,37 @@ def test_injected_drift_falls_back_rolls_back_and_recovers(tmp_path: Path) -> No
     assert losses[16] > 2 * losses[15]  # the spike really hurt
     assert math.isfinite(losses[23]) and losses[23] < 0.5 * losses[16]  # and the run recovered
     assert len(drifts) == 1  # no drift after the rollback: the trend came back with the weights
+
+
+def test_nan_loss_rolls_back_past_a_corrupted_checkpoint(tmp_path: Path) -> None:
+    """A NaN loss skips the update and rolls back; the newest checkpoint was damaged on disk in the
+    meantime, so the rollback detects it by its checksum and takes the one before."""
+    job = small_job()
+    sched = write_schedule(
+        tmp_path / "s.yaml", job, {0: {"blocks.1": "0-1"}, 1: {"blocks.3": "2-3"}}, warmup=2
+    )
+    rep = train_job(
+        job,
+        schedule_path=sched,
+        steps=18,
+        out_dir=tmp_path / "run",
+        rollback=True,
+        checkpoint_every=5,
+        fault="corrupt_checkpoint:step=15,rank=1;nan_loss:step=15",
+        progress=False,
+    )
+    evs = events(tmp_path / "run")
+    assert [e["step"] for e in evs if e["event"] == "checkpoint"][:4] == [2, 5, 10, 15]
+    drift = next(e for e in evs if e["event"] == "drift")
+    assert drift["step"] == 15 and "nonfinite" in drift["rules"], drift
+    bad = [e for e in evs if e["event"] == "checkpoint_corrupt"]
+    assert len(bad) == 1 and bad[0]["checkpoint"].endswith("step-00000015"), bad
+    assert "rank1.pt" in bad[0]["reason"]
+    rb = next(e for e in evs if e["event"] == "rollback")
+    assert rb["step"] == 15 and rb["to_step"] == 10
+    m = {r["step"]: r for r in metrics(tmp_path / "run") if "loss" in r}
+    assert m[15]["skipped_update"] and not math.isfinite(float(m[15]["loss"]))
+    assert all(math.isfinite(m[s]["loss"]) for s in (16, 17)) and math.isfinite(rep.val_loss or 0)
 
 
 def test_corrupted_batches_fall_back_and_the_run_recovers(tmp_path: Path) -> None:

@@ -51,9 +51,13 @@ def test_bad_faults(text: str, why: str) -> None:
 def test_checkpoints_are_complete_only_with_meta_and_pruned(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
     for step in (2, 5, 9):
-        for rank in range(2):
-            ckpt.save_rank_state(root, step, rank, {"step": step, "w": torch.full((2,), step)})
-        ckpt.write_meta(root, step, {"job": {"lr": 0.1}})
+        digests = {
+            rank: ckpt.save_rank_state(
+                root, step, rank, {"step": step, "w": torch.full((2,), step)}
+            )[1]
+            for rank in range(2)
+        }
+        ckpt.write_meta(root, step, {"job": {"lr": 0.1}}, digests)
     ckpt.save_rank_state(root, 11, 0, {"step": 11})  # a crash before rank 1 and the meta
     assert [c.step for c in ckpt.find_checkpoints(root)] == [2, 5, 9]
     last = ckpt.latest_checkpoint(root)
@@ -72,6 +76,48 @@ def test_checkpoints_are_complete_only_with_meta_and_pruned(tmp_path: Path) -> N
         ckpt.check_meta(last, {"job": {"lr": 0.2}})
     with pytest.raises(InputError, match="no state for rank 3"):
         ckpt.load_rank_state(last.path, 3)
+
+
+def _three_checkpoints(root: Path) -> None:
+    for step in (2, 5, 9):
+        digests = {
+            rank: ckpt.save_rank_state(root, step, rank, {"w": torch.full((64,), float(step))})[1]
+            for rank in range(2)
+        }
+        ckpt.write_meta(root, step, {}, digests)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "no_checksum"])
+def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(
+    tmp_path: Path, damage: str
+) -> None:
+    root = tmp_path / "checkpoints"
+    _three_checkpoints(root)
+    good, bad = ckpt.good_checkpoints(root, range(2))
+    assert [c.step for c in good] == [2, 5, 9] and bad == []
+    f = root / "step-00000009" / "rank1.pt"
+    if damage == "flip":  # one bit of the payload: torch may still load it, the checksum does not
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        f.write_bytes(bytes(data))
+        expected = "is corrupted"
+    elif damage == "truncate":
+        f.write_bytes(f.read_bytes()[:100])
+        expected = "is corrupted"
+    elif damage == "delete":
+        f.unlink()
+        expected = "cannot read"
+    else:
+        meta = root / "step-00000009" / "meta.json"
+        doc = json.loads(meta.read_text())
+        del doc["sha256"]
+        meta.write_text(json.dumps(doc))
+        expected = "records no checksum for rank"
+    good, bad = ckpt.good_checkpoints(root, range(2))
+    assert [c.step for c in good] == [2, 5]
+    assert [c.step for c, _ in bad] == [9] and expected in bad[0][1], bad
+    if damage != "no_checksum":
+        assert "rank1.pt" in bad[0][1] and ckpt.verify_rank_file(bad[0][0], 0) is None
 
 
 def _log(profile, **changes) -> dict:
