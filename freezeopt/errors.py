@@ -13,6 +13,7 @@ __all__ = [
     "InputError",
     "MismatchError",
     "SolverError",
+    "StoppedError",
 ]
 
 
@@ -46,6 +47,17 @@ class SolverError(FreezeoptError):
     exit_code = 5
 
 
+class StoppedError(FreezeoptError):
+    """freezeopt was asked to stop (SIGTERM, SIGHUP, Ctrl-C) and stopped its rank processes.
+
+    The exit code follows the shell's convention for a signal: 128 + its number."""
+
+    def __init__(self, message: str, *, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 EXIT_CODES = {
     0: "success",
     1: "other user error",
@@ -53,4 +65,7 @@ EXIT_CODES = {
     3: "infeasible: budget and caps cannot all hold",
     4: "schedule does not fit the profile or job",
     5: "solver missing, failed, or stopped without a solution",
+    129: "stopped by SIGHUP (every rank process stopped first)",
+    130: "interrupted (Ctrl-C)",
+    143: "stopped by SIGTERM (every rank process stopped first)",
 }

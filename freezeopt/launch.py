@@ -16,7 +16,9 @@ shared memory (time, progress units, phase, and the action it is computing). The
   rank (a `FreezeoptError`), the same error class with `rank R: ` in front;
 * a rank without a heartbeat for `hang_timeout_s` (stuck in an action, or every rank waiting) is
   declared hung (starting Python and torch and building the model get at least 2 minutes);
-* the whole run is bounded by `timeout_s`.
+* the whole run is bounded by `timeout_s`;
+* SIGTERM or SIGHUP to this process stops every rank, then raises `StoppedError` (exit 143/129);
+  a rank whose parent dies without cleaning up (SIGKILL) is ended by the kernel.
 
 `Fault` (`crash:rank=R,step=S` or `hang:…`) is the test-only failure both commands inject.
 `host_info`, `cpu_snapshot` and `other_cpu` measure how busy the machine was while the ranks ran,
@@ -31,9 +33,11 @@ import queue as queue_mod
 import re
 import resource
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -237,12 +241,14 @@ def _worker(
     beat_arr: Any,
     q: Any,
     log_path: str,
+    parent: int,
 ) -> None:
     """Entry point of a spawned rank: run, then put ('result', rank, R) or ('error', …) on `q`."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    _die_with_parent(parent)
     beat = Beat(beat_arr, rank)
     code = 0
     try:
@@ -268,6 +274,54 @@ def _worker(
         q.close()
         q.join_thread()
     os._exit(code)
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this rank when the freezeopt process that started it is gone (SIGKILLed, say), so no rank
+    is left running, or holding its port, behind a dead parent. On Linux the kernel delivers
+    SIGKILL (`prctl(PR_SET_PDEATHSIG)`); elsewhere a thread polls the parent's pid."""
+    with contextlib.suppress(OSError, AttributeError):
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+                if os.getppid() != parent:  # the parent died before the prctl
+                    os._exit(1)
+                return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="freezeopt-parent-watch", daemon=True).start()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+@contextlib.contextmanager
+def _stop_on_signals(outcome: str) -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into `StoppedError` while ranks run, so the rank processes are
+    stopped (the `finally` in `_launch_local`) before this process exits; the default handlers
+    would end it on the spot and leave the ranks running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        raise errors.StoppedError(
+            f"stopped by {name}; every rank was stopped and {outcome}", signum=signum
+        )
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _one_line(e: BaseException) -> str:
@@ -347,7 +401,17 @@ def _launch_local(
     procs = [
         ctx.Process(
             target=_worker,
-            args=(target, job, r, world, init, beat_arr, q, str(logdir / f"rank{r}.log")),
+            args=(
+                target,
+                job,
+                r,
+                world,
+                init,
+                beat_arr,
+                q,
+                str(logdir / f"rank{r}.log"),
+                os.getpid(),
+            ),
             name=f"freezeopt-rank{r}",
             daemon=True,
         )
@@ -355,10 +419,11 @@ def _launch_local(
     ]
     keep_logs = True
     try:
-        for p in procs:
-            p.start()
-        with _progress_bar(progress, verb, job.name, total_units) as update:
-            results = _supervise(job, procs, q, beat_arr, logdir, update, outcome)
+        with _stop_on_signals(outcome):
+            for p in procs:
+                p.start()
+            with _progress_bar(progress, verb, job.name, total_units) as update:
+                results = _supervise(job, procs, q, beat_arr, logdir, update, outcome)
         keep_logs = False
         return results
     except FreezeoptError as e:  # a user error raised inside a rank: its one line says everything

@@ -7,11 +7,15 @@ profile and leave no process behind. (Crashing and hanging ranks: tests/test_pro
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 import freezeopt.launch as launch
 from freezeopt.errors import FreezeoptError
@@ -80,3 +84,76 @@ def test_port_already_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert "address already in use" in msg.lower() or str(port) in msg
     assert not out.exists()
     assert _children() <= before
+
+
+def _grandchildren(pid: int) -> set[int]:
+    """Live (not zombie) processes whose parent is `pid`, other than multiprocessing's helper."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z" and b"resource_tracker" not in cmd:
+                out.add(int(d.name))
+    return out
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for p in pids:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(p)
+    return alive
+
+
+def _start_profile(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int]]:
+    """`freezeopt profile` of a long job in its own process; returns it once both ranks run."""
+    job = replace_job(_job(), measure_steps=10_000, name="long")
+    spec = tmp_path / "long.yaml"
+    spec.write_text(yaml.safe_dump(job.to_dict()))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "freezeopt", "profile", str(spec), "-o", str(tmp_path / "p.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    ranks: set[int] = set()
+    while time.monotonic() < deadline and len(ranks) < 2:
+        time.sleep(0.5)
+        ranks = _grandchildren(proc.pid)
+        assert proc.poll() is None, proc.communicate()
+    assert len(ranks) == 2, ranks
+    time.sleep(3)  # into the run (torch imported, process group up)
+    return proc, ranks
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_to_freezeopt_stops_every_rank(tmp_path: Path) -> None:
+    proc, ranks = _start_profile(tmp_path)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    lines = err.decode().strip().splitlines()
+    assert lines[-1].startswith("error: stopped by SIGTERM; every rank was stopped"), err
+    assert "Traceback" not in err.decode()
+    assert not _alive(ranks) and time.monotonic() - t0 < 15
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
+    proc, ranks = _start_profile(tmp_path)
+    proc.kill()  # SIGKILL: no handler runs in the parent; the kernel must take the ranks down
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while _alive(ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(ranks)
