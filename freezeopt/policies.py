@@ -14,6 +14,9 @@ plan and nothing else. All are built from one profile, at matched budgets where 
   stage's groups freezing together, per-stage mean cap 0.9, makespan first then least freezing),
   realised as round(r·n) random parameter tensors per microbatch, redrawn every 10 steps, with no
   gradient rescaling (`Realisation(kind="random_tensors", rescale=False)`);
+* `timelyfreeze-matched`: the same, with the per-stage cap chosen instead of 0.9 so that its plan
+  drops freezeopt's budget of signal, measured by the same estimator (`matched_stage_cap`:
+  bisection on the cap) — TimelyFreeze at freezeopt's budget, the like-for-like point;
 * `freezeopt` / `freezeopt-heuristic`: our MILP and heuristic.
 """
 
@@ -28,21 +31,41 @@ from freezeopt.dag import PipelineDag, build_dag
 from freezeopt.errors import InputError
 from freezeopt.profile_file import GroupProfile, Profile, StageProfile, Stat, profile_sha256
 from freezeopt.schedule import Phases, Realisation, Schedule, schedule_from_result
-from freezeopt.sensitivity import Estimator, estimate_signal
+from freezeopt.sensitivity import Estimator, GroupSignal, estimate_signal
 from freezeopt.simulate import simulate
 from freezeopt.solve import SolveOptions, SolveResult, _Model, solve
 
-__all__ = ["POLICIES", "Policy", "merged_profile", "policy_schedule"]
+__all__ = [
+    "BUDGETED",
+    "POLICIES",
+    "Policy",
+    "matched_stage_cap",
+    "merged_profile",
+    "policy_schedule",
+]
 
-Policy = Literal["none", "uniform", "stability", "timelyfreeze", "freezeopt", "freezeopt-heuristic"]
+Policy = Literal[
+    "none",
+    "uniform",
+    "stability",
+    "timelyfreeze",
+    "timelyfreeze-matched",
+    "freezeopt",
+    "freezeopt-heuristic",
+]
 POLICIES: tuple[Policy, ...] = (
     "none",
     "uniform",
     "stability",
     "timelyfreeze",
+    "timelyfreeze-matched",
     "freezeopt",
     "freezeopt-heuristic",
 )
+BUDGETED: tuple[Policy, ...] = tuple(p for p in POLICIES if p not in ("none", "timelyfreeze"))
+"""The policies whose plan depends on the budget (a budget sweep runs these)."""
+MATCH_TOLERANCE = 0.01
+"""`matched_stage_cap` stops when the signal dropped is within this share of the budget."""
 Key = tuple[Action, int]
 
 
@@ -57,7 +80,10 @@ def policy_schedule(
     time_limit: float = 60.0,
     stage_cap: float = 0.9,
 ) -> tuple[Schedule, SolveResult]:
-    """The schedule file of `policy` for `profile` (and the figures behind it)."""
+    """The schedule file of `policy` for `profile` (and the figures behind it).
+
+    `stage_cap` is `timelyfreeze`'s cap; `timelyfreeze-matched` chooses its own from `budget`.
+    """
     if policy not in POLICIES:
         raise InputError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
     phases = phases or Phases()
@@ -76,8 +102,15 @@ def policy_schedule(
             time_limit=time_limit,
         )
         result = solve(dag, signal, opts)
-    elif policy == "timelyfreeze":
-        result = _timelyfreeze(profile, dag, stage_cap=stage_cap, time_limit=time_limit)
+    elif policy in ("timelyfreeze", "timelyfreeze-matched"):
+        if policy == "timelyfreeze-matched":
+            stage_cap, result = matched_stage_cap(
+                profile, budget, sensitivity=sensitivity, time_limit=time_limit
+            )
+        else:
+            result = _timelyfreeze(
+                profile, dag, stage_cap=stage_cap, time_limit=time_limit, signal=signal
+            )
         realisation = Realisation(kind="random_tensors", redraw_every=10, rescale=False, seed=seed)
         opts = SolveOptions(
             mode="lp", budget=1.0, group_cap=1.0, stage_cap=stage_cap, sensitivity="flat"
@@ -209,10 +242,74 @@ def merged_profile(profile: Profile) -> Profile:
     return dataclasses.replace(profile, stages=tuple(stages), gradients=())
 
 
+def matched_stage_cap(
+    profile: Profile,
+    budget: float,
+    *,
+    sensitivity: Estimator = "gns",
+    time_limit: float = 60.0,
+    tolerance: float = MATCH_TOLERANCE,
+    max_iter: int = 40,
+) -> tuple[float, SolveResult]:
+    """The TimelyFreeze per-stage cap whose plan drops `budget` of the signal, and that plan.
+
+    TimelyFreeze has no accuracy budget, only the cap on each stage's mean freeze ratio; a higher
+    cap lets its LP freeze more. The signal a plan drops is measured by `sensitivity`, the estimator
+    freezeopt's budget is stated in. Bisection on the cap in [0, 1] (deterministic: the same
+    profile gives the same cap) until the plan drops `budget` within `tolerance`·`budget`; if no
+    cap gets that close (the plan can jump between LP vertices), the closer of the two bracketing
+    caps. When even cap 1 drops less than `budget`, the answer is cap 1 (TimelyFreeze cannot spend
+    more); the result's notes say so.
+    """
+    if not 0.0 <= budget <= 1.0:
+        raise InputError(f"budget {budget:g} is outside [0, 1]")
+    dag = build_dag(profile)
+    signal = estimate_signal(profile, sensitivity)
+    tol = max(tolerance * budget, 1e-9)
+
+    def at(cap: float) -> SolveResult:
+        return _timelyfreeze(profile, dag, stage_cap=cap, time_limit=time_limit, signal=signal)
+
+    def done(cap: float, r: SolveResult, how: str) -> tuple[float, SolveResult]:
+        note = (
+            f"timelyfreeze-matched: stage cap {cap:.6f} drops {r.signal_dropped:.6f} of the signal "
+            f"({sensitivity}) against a budget of {budget:g} ({how})"
+        )
+        return cap, dataclasses.replace(r, budget=budget, notes=(*r.notes, note))
+
+    hi, hi_r = 1.0, at(1.0)
+    if hi_r.signal_dropped <= budget + tol:
+        return done(hi, hi_r, "cap 1: TimelyFreeze cannot drop more")
+    lo, lo_r = 0.0, None
+    for _ in range(max_iter):
+        mid = round((lo + hi) / 2, 9)
+        if not lo < mid < hi:
+            break
+        r = at(mid)
+        if abs(r.signal_dropped - budget) <= tol:
+            return done(mid, r, "matched")
+        if r.signal_dropped < budget:
+            lo, lo_r = mid, r
+        else:
+            hi, hi_r = mid, r
+    if lo_r is None:
+        lo_r = at(lo)
+    cap, r = min(
+        ((lo, lo_r), (hi, hi_r)), key=lambda cr: (abs(cr[1].signal_dropped - budget), cr[0])
+    )
+    return done(cap, r, "closest cap; the plan jumps here")
+
+
 def _timelyfreeze(
-    profile: Profile, dag: PipelineDag, *, stage_cap: float, time_limit: float
+    profile: Profile,
+    dag: PipelineDag,
+    *,
+    stage_cap: float,
+    time_limit: float,
+    signal: tuple[tuple[GroupSignal, ...], ...] | None,
 ) -> SolveResult:
-    """TimelyFreeze's LP on the merged profile; its per-action ratio applies to every group of the stage."""
+    """TimelyFreeze's LP on the merged profile; its per-action ratio applies to every group of the
+    stage. `signal_dropped` is that plan measured by `signal` (freezeopt's estimator)."""
     merged = merged_profile(profile)
     mdag = build_dag(merged)
     opts = SolveOptions(
@@ -226,7 +323,6 @@ def _timelyfreeze(
     r = solve(mdag, estimate_signal(merged, "flat"), opts)
     ratio = {a: x for (a, _), x in r.frozen.items()}
     frozen = {(a, g): x for a, x in ratio.items() for g in range(len(dag.group_names[a.stage]))}
-    signal = estimate_signal(profile, "gns") if profile.gradients else None
     dropped = _Model(dag, signal, SolveOptions()).signal_of(frozen) if signal else r.signal_dropped
     return dataclasses.replace(
         r,
@@ -235,6 +331,6 @@ def _timelyfreeze(
         status="optimal",
         notes=(
             *r.notes,
-            "timelyfreeze: signal_dropped uses freezeopt's gns estimate of the same plan",
+            "timelyfreeze: signal_dropped is freezeopt's estimate of the same plan",
         ),
     )

@@ -8,7 +8,13 @@ import pytest
 import yaml
 
 from freezeopt.dag import build_dag
-from freezeopt.policies import POLICIES, merged_profile, policy_schedule
+from freezeopt.policies import (
+    MATCH_TOLERANCE,
+    POLICIES,
+    matched_stage_cap,
+    merged_profile,
+    policy_schedule,
+)
 from freezeopt.schedule import (
     check_fits,
     dump_schedule,
@@ -33,7 +39,9 @@ def test_every_policy_is_a_valid_fitting_schedule(profile, policy: str) -> None:
     assert check_fits(again, profile) == []
     assert again.provenance.mode == policy
     assert r.predicted_ms <= r.baseline_ms + 1e-9
-    if policy not in ("timelyfreeze",):
+    if policy == "timelyfreeze-matched":
+        assert abs(r.signal_dropped - 0.1) <= MATCH_TOLERANCE * 0.1
+    elif policy != "timelyfreeze":
         assert r.signal_dropped <= 0.1 + 1e-9
 
 
@@ -86,3 +94,25 @@ def test_timelyfreeze_is_its_lp_and_realisation(profile) -> None:
     for a, ratio in tf.ratios.items():
         for g in range(len(dag.group_names[a.stage])):
             assert plan.get((a, g), 0.0) == pytest.approx(ratio, abs=1e-4)
+
+
+@pytest.mark.parametrize("budget", [0.03, 0.1, 0.3])
+def test_matched_cap_drops_the_budget(profile, budget: float) -> None:
+    cap, r = matched_stage_cap(profile, budget, time_limit=20)
+    assert 0 < cap < 1
+    assert abs(r.signal_dropped - budget) <= MATCH_TOLERANCE * budget
+    assert matched_stage_cap(profile, budget, time_limit=20)[0] == cap, "deterministic"
+    # it is TimelyFreeze's LP at that cap, written as a TimelyFreeze schedule
+    tf = solve_timelyfreeze_lp(build_dag(merged_profile(profile)), stage_cap=cap)
+    assert r.predicted_ms == pytest.approx(tf.makespan, rel=1e-6)
+    sched, again = policy_schedule(profile, "timelyfreeze-matched", budget=budget, time_limit=20)
+    assert sched.provenance.stage_cap == pytest.approx(cap)
+    assert sched.realisation.kind == "random_tensors" and sched.realisation.rescale is False
+    assert again.signal_dropped == pytest.approx(r.signal_dropped)
+
+
+def test_matched_cap_grows_with_the_budget_and_stops_at_1(profile) -> None:
+    caps = [matched_stage_cap(profile, b, time_limit=20)[0] for b in (0.05, 0.1, 0.2)]
+    assert caps == sorted(caps) and len(set(caps)) == 3
+    top, r = matched_stage_cap(profile, 1.0, time_limit=20)
+    assert top == 1.0 and r.signal_dropped < 1.0 and "cannot drop more" in r.notes[-1]
