@@ -38,7 +38,7 @@ demo: install
 
 bench: install
 	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver.md
-	$(BIN)/python benchmarks/bench_compare.py --out benchmarks/RESULTS.md --steps 120 --sweep 0.2
+	$(BIN)/python benchmarks/bench_compare.py --out benchmarks/RESULTS.md --steps 120 --repeats 3 --sweep 0.2
 
 reliability: install
 	$(BIN)/python benchmarks/reliability.py --out benchmarks/reliability.md

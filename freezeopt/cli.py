@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -246,16 +247,28 @@ def compare(
     policies: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: none, uniform, timelyfreeze, stability, freezeopt, freezeopt-heuristic."
+            help="Comma-separated: none, uniform, timelyfreeze, timelyfreeze-matched, stability, "
+            "freezeopt, freezeopt-heuristic."
         ),
-    ] = "none,uniform,timelyfreeze,stability,freezeopt",
-    steps: Annotated[int, typer.Option(help="Optimizer steps per run.")] = 120,
+    ] = "none,uniform,timelyfreeze,timelyfreeze-matched,stability,freezeopt",
+    steps: Annotated[
+        int,
+        typer.Option(help="Steps of the `none` run: N, where every policy's accuracy is compared."),
+    ] = 120,
     warmup_steps: Annotated[
         int, typer.Option(help="Full-update steps at the start of each run.")
     ] = 10,
     budget: Annotated[float, typer.Option(help="Budget of the policies that take one.")] = 0.1,
-    repeats: Annotated[int, typer.Option(help="Runs per policy (order rotated each repeat).")] = 1,
-    val_every: Annotated[int, typer.Option(help="Validation loss every N steps.")] = 20,
+    repeats: Annotated[
+        int, typer.Option(help="Runs per policy; `none` first, the others rotated each repeat.")
+    ] = 1,
+    val_every: Annotated[int, typer.Option(help="Validation loss every this many steps.")] = 20,
+    overrun: Annotated[
+        float,
+        typer.Option(
+            help="Freezing policies may train up to this × --steps to reach none's validation loss."
+        ),
+    ] = 1.5,
     sweep: Annotated[
         str, typer.Option(help="Comma-separated budgets for the budget sweep (empty: none).")
     ] = "",
@@ -268,7 +281,9 @@ def compare(
     """Train the job under each freezing policy and write a side-by-side report.
 
     Profiles once, solves a schedule per policy (matched budgets), trains each for real with the
-    same runtime, seed and data, and writes report.md, results.json and PNG plots.
+    same runtime, seed and data, and writes report.md, results.json and PNG plots. `none` runs
+    --steps (N) steps; the others run until they reach its final validation loss, at most
+    --overrun × N steps, and are compared with it at step N.
 
     Example: freezeopt compare tiny-gpt --policies none,uniform,timelyfreeze,freezeopt --steps 120
     """
@@ -282,10 +297,11 @@ def compare(
     opts = CompareOptions(
         policies=tuple(p.strip() for p in policies.split(",") if p.strip()),  # type: ignore[misc]
         steps=steps, warmup_steps=warmup_steps, budget=budget, repeats=repeats,
-        val_every=val_every, sweep=budgets,
+        val_every=val_every, overrun=overrun, sweep=budgets,
     )  # fmt: skip
     target = out if out is not None else Path("reports") / _job_name(job)
-    rep = compare_job(job, out_dir=target, opts=opts, progress=not no_progress)
+    command = shlex.join(["freezeopt", *sys.argv[1:]])
+    rep = compare_job(job, out_dir=target, opts=opts, progress=not no_progress, command=command)
     typer.echo(format_compare(rep))
     typer.echo(f"wrote {target / 'report.md'}")
 

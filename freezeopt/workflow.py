@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from freezeopt.actions import Action, parse_action
 from freezeopt.dag import PipelineDag, build_dag
@@ -32,9 +33,13 @@ from freezeopt.simulate import Timeline, simulate
 from freezeopt.solve import SolveOptions, SolveResult, solve
 from freezeopt.synth import SynthOptions, synth_profile
 
+if TYPE_CHECKING:
+    from freezeopt.plot import GanttPanel
+
 __all__ = [
     "MeasuredStep",
     "SimulateReport",
+    "gantt_panels",
     "load_action_log",
     "simulate_files",
     "solve_file",
@@ -190,25 +195,33 @@ def simulate_files(
     return report
 
 
-def _save_gantt(report: SimulateReport, path: Path) -> None:
-    from freezeopt.fileio import atomic_write_bytes
-    from freezeopt.plot import GanttPanel, gantt_figure
+def gantt_panels(
+    report: SimulateReport, *, label: str = "schedule", baseline: bool = True
+) -> list[GanttPanel]:
+    """The Gantt panels of a simulation: the no-freeze prediction (unless `baseline` is False),
+    the schedule's prediction (titled `label`), then each measured step."""
+    from freezeopt.plot import GanttPanel
 
     dag = report.dag
     share: dict = {}
     for (a, g), x in report.plan.items():
         total = sum(dag.group_cost[a.stage])
         share[a] = share.get(a, 0.0) + x * dag.group_cost[a.stage][g] / total if total else 0.0
-    panels = [
-        GanttPanel("no freezing (predicted)", report.baseline, {}),
-        GanttPanel("schedule (predicted)", report.timeline, share),
-    ]
+    panels = [GanttPanel("no freezing (predicted)", report.baseline, {})] if baseline else []
+    panels.append(GanttPanel(f"{label} (predicted)", report.timeline, share))
     for m in report.measured:
         title = "freezing step" if m.kind == "freeze" else "full-update step"
         panels.append(
             GanttPanel(f"measured {title} {m.step}", m.timeline, _frozen_share(dag, m.frozen))
         )
-    fig = gantt_figure(dag, panels)
+    return panels
+
+
+def _save_gantt(report: SimulateReport, path: Path) -> None:
+    from freezeopt.fileio import atomic_write_bytes
+    from freezeopt.plot import gantt_figure
+
+    fig = gantt_figure(report.dag, gantt_panels(report))
     import io
 
     buf = io.BytesIO()
