@@ -319,6 +319,12 @@ def load_compare(out_dir: Path) -> CompareReport:
     except (OSError, ValueError) as e:
         raise InputError(f"cannot read {path}: {e}") from None
 
+    if not isinstance(d, dict) or "overrun" not in d.get("options", {}):
+        raise InputError(
+            f"{path} was written by an earlier `freezeopt compare` (no overrun, no run record); "
+            "run the comparison again"
+        )
+
     def run(r: dict[str, Any]) -> Run:
         return Run(
             **{

@@ -183,6 +183,14 @@ def test_aggregate_medians_spread_and_never() -> None:
     assert "| never within 30 steps (1/3) | — |" in rows["once"]
 
 
+def test_load_compare_refuses_results_of_an_earlier_version(tmp_path: Path) -> None:
+    (tmp_path / "results.json").write_text(json.dumps({"job": "j", "options": {"steps": 1}}))
+    with pytest.raises(InputError, match="earlier `freezeopt compare`"):
+        load_compare(tmp_path)
+    with pytest.raises(InputError, match="not found"):
+        load_compare(tmp_path / "nothing")
+
+
 @pytest.mark.parametrize(
     ("change", "msg"),
     [
