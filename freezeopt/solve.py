@@ -42,6 +42,7 @@ from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, SolverError
 from freezeopt.fileio import stdout_to_stderr
+from freezeopt.lp_fast import phase2_limit
 from freezeopt.sensitivity import Estimator, GroupSignal
 from freezeopt.simulate import simulate
 
@@ -329,7 +330,7 @@ class _Model:
 
     def t_limit(self, t1: float) -> float:
         """Phase-2 bound on the makespan: the phase-1 value, the tolerance, and numerical slack."""
-        return t1 * (1 + self.opts.tolerance) + 1e-7 * t1 + 1e-6
+        return phase2_limit(t1, self.opts.tolerance)
 
     # -- solving ----------------------------------------------------------------------------
     def _timed(self, fn: Callable[[], str]) -> str:
@@ -422,7 +423,12 @@ class _Model:
             self.solver_seconds += time.perf_counter() - t0
 
     def solve_lp(self, deadline: float, *, write: Path | None) -> tuple[float, dict[Key, float]]:
-        """Both phases of the LP relaxation; returns (phase-1 T, phase-2 x)."""
+        """Both phases of the LP relaxation; returns (phase-1 T, phase-2 x).
+
+        With HiGHS the LP goes straight to the solver as arrays (`freezeopt.lp_fast`: the same
+        optimum, no PuLP objects); `write` then writes the PuLP models of both phases beside it."""
+        if self.opts.solver == "highs":
+            return self._solve_lp_fast(deadline, write=write)
         st1, st2, plan, t1 = self._phases(integer=False, start=None, deadline=deadline, write=write)
         if st1 != "optimal" or st2 != "optimal":
             st = st1 if st1 != "optimal" else st2
@@ -433,6 +439,35 @@ class _Model:
             )
             raise SolverError(f"the LP relaxation did not solve ({st}); {hint}")
         return t1, plan
+
+    def _solve_lp_fast(
+        self, deadline: float, *, write: Path | None
+    ) -> tuple[float, dict[Key, float]]:
+        from freezeopt.lp_fast import FastLP
+
+        o = self.opts
+        if not pulp.HiGHS().available():
+            raise SolverError("HiGHS is not available: pip install highspy, or use --solver cbc")
+        fast = FastLP(
+            self.dag,
+            keys=self.keys,
+            loss=self.loss,
+            kmax=self.kmax,
+            budget=o.budget,
+            stage_cap=o.stage_cap,
+            tolerance=o.tolerance,
+            threads=o.threads,
+        )
+        self.build_seconds += fast.build_seconds
+        t0 = time.perf_counter()
+        try:
+            ans = fast.solve(time_limit=_left(deadline))
+        finally:
+            self.solver_seconds += time.perf_counter() - t0
+        if write is not None:
+            _write(self.build(integer=False, t_max=None)[0], write, phase=1)
+            _write(self.build(integer=False, t_max=self.t_limit(ans.t1))[0], write, phase=2)
+        return ans.t1, ans.x
 
     def solve_milp(
         self, start: dict[Key, float], deadline: float, *, write: Path | None
