@@ -188,6 +188,27 @@ def train(
     ] = None,
     device: Annotated[str | None, typer.Option(help="Override the device: cpu or cuda.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override the seed.")] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="The profile the schedule was solved from (needed to re-plan)."),
+    ] = None,
+    replan_every: Annotated[
+        int,
+        typer.Option(help="Re-plan from measured action costs after every N steps (0: never)."),
+    ] = 0,
+    replan_on_drift: Annotated[
+        bool,
+        typer.Option(
+            "--replan-on-drift",
+            help="Re-plan when the step-time drift rule fires (instead of falling back).",
+        ),
+    ] = False,
+    replan_mode: Annotated[
+        str, typer.Option(help="Solve mode of re-plans: heuristic, lp or milp.")
+    ] = "heuristic",
+    replan_time_limit: Annotated[
+        float, typer.Option(help="Seconds for one re-plan's solve.")
+    ] = 10.0,
     fault: Annotated[
         str | None,
         typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.faults)."),
@@ -207,6 +228,10 @@ def train(
 
     Job fields can be overridden as for `freezeopt profile` (the pipeline schedule is --pipeline
     here, since --schedule names the freezing schedule): train the job you profiled.
+
+    With --replan-every N and/or --replan-on-drift (and --profile), the run re-plans online from
+    its own measured action costs: rank 0 solves in the background, every rank switches to the new
+    plan at the same step; each re-plan is an event and a schedule file in RUN/replans/.
 
     Example: freezeopt train tiny-gpt --schedule schedules/tiny-gpt-1f1b.yaml --steps 60 --warmup-steps 10
     """
@@ -233,6 +258,11 @@ def train(
         progress=not no_progress,
         fault=fault,
         overrides=overrides or None,
+        profile_path=profile,
+        replan_every=replan_every,
+        replan_on_drift=replan_on_drift,
+        replan_mode=replan_mode,
+        replan_time_limit=replan_time_limit,
     )
     if as_json:
         _print_json(report.to_dict())

@@ -39,6 +39,14 @@ then to hand back the checkpoint's controller state through `rollback_to`, which
 loss trend the restored weights belong to while keeping the fallback window. Its
 state is a plain dict (`state_dict`/`load_state_dict`, torch's Stateful protocol) so a resumed run
 continues where it stopped. Events are plain dicts, ready for a JSONL log.
+
+Online re-planning (`freezeopt.replan`): with `replan_on_drift=True`, a step-time drift alone (no
+other rule fired) does not fall back; the decision asks the caller to re-plan instead
+(`Decision.replan`; the drift event says `"response": "replan"`), since a plan made stale by changed
+costs is cured by a new plan, not by the slower full updates. `set_schedule` switches to a new plan
+between steps (same pipeline and groups), keeping the phase, the histories and the fallback window;
+the step-time rule then expects the new plan's prediction, calibrated by the full-update steps seen
+under it or, until there are 3 of them, by the ratio measured under the plan before.
 """
 
 from __future__ import annotations
@@ -75,6 +83,8 @@ class Decision:
     """The caller should restore the last checkpoint."""
     events: tuple[dict[str, Any], ...] = ()
     """Events to log (phase changes, drifts, fallbacks)."""
+    replan: bool = False
+    """The step-time rule fired and, with `replan_on_drift`, asks for a new plan (no fallback)."""
 
 
 @dataclass(slots=True)
@@ -100,16 +110,40 @@ class FreezeController:
         rescale: bool = True,
         rollback: bool = False,
         tensors: Mapping[int, Sequence[int]] | None = None,
+        replan_on_drift: bool = False,
     ) -> None:
         pipe = schedule.pipeline
         bad = [s for s in stages if not 0 <= s < pipe.n_stages]
         if bad:
             raise MismatchError(f"stage {bad[0]} is not in the schedule's {pipe.n_stages} stages")
-        self.schedule = schedule
         self.stages = tuple(stages)
-        real = schedule.realisation
-        self.rescale = rescale and real.rescale
         self.rollback = rollback
+        self.replan_on_drift = replan_on_drift
+        self._rescale_arg = rescale
+        self._tensor_arg = tensors
+        self._calib: float | None = None
+        self._state = _State()
+        self._load_plan(schedule)
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        """Switch to a new plan from the next `begin_step` on (online re-planning). The pipeline
+        and groups must be the schedule's; phase, histories and fallback window are kept."""
+        old = self.schedule
+        if schedule.pipeline != old.pipeline:
+            raise MismatchError("a new plan must be for the same pipeline and parameter groups")
+        st = self._state
+        if len(st.full_times) >= _FULL_MIN and old.prediction.baseline_ms > 0:
+            self._calib = statistics.median(st.full_times) / old.prediction.baseline_ms
+        st.full_times.clear()
+        st.step_times.clear()
+        self._load_plan(schedule)
+
+    def _load_plan(self, schedule: Schedule) -> None:
+        pipe = schedule.pipeline
+        tensors = self._tensor_arg
+        self.schedule = schedule
+        real = schedule.realisation
+        self.rescale = self._rescale_arg and real.rescale
         self.n_microbatches = pipe.n_microbatches
         self.unit: str = "tensor" if real.kind == "random_tensors" else "group"
         """What `frozen_groups` and `grad_scales` index: `group`s, or parameter `tensor`s of the
@@ -151,8 +185,7 @@ class FreezeController:
         ) or any(r > 0 for g in schedule.ratios.values() for mb in g.values() for r in mb.values())
         self._window = -1
         self._plan: dict[tuple[int, int], frozenset[int]] = {}
-        self._draw(0)
-        self._state = _State()
+        self._draw(max(0, self._state.step))
 
     def _draw(self, step: int) -> None:
         """The plan of the redraw window holding `step` (deterministic: same on every rank)."""
@@ -216,6 +249,8 @@ class FreezeController:
         full = self._state.full_times
         if len(full) >= _FULL_MIN and pred.baseline_ms > 0:
             return pred.predicted_ms * statistics.median(full) / pred.baseline_ms
+        if self._calib is not None:
+            return pred.predicted_ms * self._calib
         return pred.predicted_ms
 
     @property
@@ -288,6 +323,18 @@ class FreezeController:
             for name, v in norms.items():
                 st.grad_norms.setdefault(name, deque(maxlen=_GRAD_WINDOW)).append(v)
         events: list[dict[str, Any]] = []
+        if fired == ["step_time"] and self.replan_on_drift:
+            st.step_times.clear()
+            events.append(
+                {
+                    "step": st.step,
+                    "event": "drift",
+                    "rules": fired,
+                    "loss": loss,
+                    "response": "replan",
+                }
+            )
+            return Decision(drift=tuple(fired), events=tuple(events), replan=True)
         if fired:
             st.fallbacks += 1
             st.fallback_until = st.step + drift_cfg.fallback_steps
@@ -339,6 +386,7 @@ class FreezeController:
             "step_times": list(st.step_times),
             "full_step_times": list(st.full_times),
             "fallbacks": st.fallbacks,
+            "calibration": self._calib,
         }
 
     def rollback_to(self, state: Mapping[str, Any]) -> None:
@@ -364,6 +412,8 @@ class FreezeController:
         st.full_times.extend(float(x) for x in state.get("full_step_times", ()))
         st.fallbacks = int(state["fallbacks"])
         self._state = st
+        calib = state.get("calibration")
+        self._calib = None if calib is None else float(calib)
 
 
 def _rng(seed: int, stage: int, microbatch: int, group: int, window: int) -> random.Random:

@@ -24,7 +24,14 @@ Files in `out_dir`: `events.jsonl` (phase changes, drifts, rollbacks, checkpoint
 `metrics.jsonl` (per step: phase, loss, step time, optimizer time, gradient norm per group; and
 validation losses), `actions.json` (the action timeline of a representative freezing step and
 full-update step, for `freezeopt simulate --measured`), `report.json` (the `TrainReport`),
-`checkpoints/` (see `freezeopt.checkpoint`) and `tensorboard/` when TensorBoard is installed.
+`checkpoints/` (see `freezeopt.checkpoint`), `tensorboard/` when TensorBoard is installed, and
+with online re-planning `replans/step-NNNNNNNN.yaml`: each re-plan's schedule file, named by the
+first step that runs it.
+
+Online re-planning (`replan_every`, `replan_on_drift`; needs the schedule's `profile`): the run
+re-solves from its own measured action costs, off the critical path, and every rank switches to
+the new plan at the same step (`freezeopt.replan`, `freezeopt.trainer`). Each re-plan is an event
+with the old and new plan's step time predicted on the updated costs; the report counts them.
 Without `resume` a run starts afresh and replaces these files; with it, it continues from the last
 complete checkpoint (same job and schedule; `steps` is the step to train to).
 """
@@ -52,7 +59,10 @@ from freezeopt.job import Job, open_job
 from freezeopt.launch import cpu_snapshot, host_info, in_torchrun, load_avg, other_cpu, run_ranks
 from freezeopt.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
 from freezeopt.profile_assemble import OTHERS_BUSY
+from freezeopt.profile_file import load_profile, profile_sha256
+from freezeopt.replan import ReplanSpec, check_profile_fits
 from freezeopt.schedule import Schedule, dump_schedule, load_schedule, schedule_sha256
+from freezeopt.solve import MODES, Mode
 from freezeopt.trainer import RankTrainResult, TrainSpec, jsonable, train_rank
 
 __all__ = ["TrainReport", "check_schedule_fits", "format_train_report", "train_job"]
@@ -62,7 +72,7 @@ COMPARISON = (
     "full-update windows, fallbacks); medians of barrier-to-last-rank step time, optimizer excluded"
 )
 _RUN_FILES = ("events.jsonl", "metrics.jsonl", "actions.json", "report.json")
-_RUN_DIRS = ("checkpoints", "tensorboard")
+_RUN_DIRS = ("checkpoints", "tensorboard", "replans")
 _NOT_TRAINING = (  # job fields that do not change the training trajectory (a resume may differ)
     "name",
     "warmup_steps",
@@ -126,6 +136,10 @@ class TrainReport:
     fallbacks: int
     """Drifts that made the controller fall back to full updates in this run."""
     rollbacks: int
+    replans: int
+    """Re-plans adopted during the run (online re-planning; 0 when off)."""
+    replan_steps: tuple[int, ...]
+    """The steps from which each adopted re-plan ran (the same on every rank, checked)."""
     events: tuple[dict[str, Any], ...]
     checkpoints: tuple[str, ...]
     actions: tuple[dict[str, Any], ...]
@@ -159,6 +173,11 @@ def train_job(
     overrides: Mapping[str, Any] | None = None,
     stop_at_val_loss: float | None = None,
     stop_from: int = 0,
+    profile_path: str | Path | None = None,
+    replan_every: int = 0,
+    replan_on_drift: bool = False,
+    replan_mode: str = "heuristic",
+    replan_time_limit: float = 10.0,
 ) -> TrainReport:
     """Train `steps` optimizer steps of the job, replaying `schedule_path` (None: no freezing).
 
@@ -172,6 +191,11 @@ def train_job(
     the report's `end_step` is where it stopped). `fault` is for tests (see `freezeopt.faults`). Raises MismatchError, before any
     process starts, when the schedule does not fit the job; RankFailedError when a rank crashes or
     hangs (the run can then continue with `resume`).
+
+    Online re-planning: `replan_every` K > 0 re-solves after every K-th step, `replan_on_drift`
+    when the step-time drift rule fires (instead of falling back), both from the run's measured
+    action costs and `profile_path` (the profile the schedule was solved from), in `replan_mode`
+    (`heuristic`, `lp` or `milp`) within `replan_time_limit` seconds per solve.
     """
     t_start = time.monotonic()
     job = open_job(job_path_or_spec, overrides)
@@ -195,6 +219,15 @@ def train_job(
     warnings: list[str] = []
     if schedule is not None:
         check_schedule_fits(schedule, job, plan, groups, source=str(schedule_path))
+    replan = _replan_spec(
+        schedule,
+        profile_path,
+        every=replan_every,
+        on_drift=replan_on_drift,
+        mode=replan_mode,
+        time_limit=replan_time_limit,
+        warnings=warnings,
+    )
     faults = parse_train_faults(fault or "")
     for f in faults:
         if (
@@ -253,6 +286,7 @@ def train_job(
         stop_from=stop_from,
         measure_from=start + job.warmup_steps,
         faults=faults,
+        replan=replan,
         meta=meta,
     )
     host = host_info()
@@ -337,10 +371,18 @@ def format_train_report(report: TrainReport) -> str:
     ckpts = sum(e["event"] == "checkpoint" for e in r.events)
     lines.append(
         f"events         {phases} phase changes, {r.fallbacks} drifts (fallbacks), {r.rollbacks} rollbacks, "
-        f"{ckpts} checkpoints"
+        f"{ckpts} checkpoints, {r.replans} re-plans"
     )
     for e in r.events:
-        if e["event"] in ("drift", "rollback", "rollback_skipped"):
+        if e["event"] in ("replan", "replan_rejected"):
+            lines.append(
+                f"  step {e['step']}: {e['event']} ({e['reason']}, triggered after step "
+                f"{e['trigger_step']}): predicted {e['old_predicted_ms']:.1f} ms (old plan) → "
+                f"{e['new_predicted_ms']:.1f} ms on the measured costs; {e['file']}"
+            )
+        elif e["event"] == "replan_failed":
+            lines.append(f"  step {e['step']}: replan_failed ({e['error']})")
+        elif e["event"] in ("drift", "rollback", "rollback_skipped"):
             detail = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("event", "step"))
             lines.append(f"  step {e['step']}: {e['event']} ({detail})")
     lines += [f"warning: {w}" for w in r.warnings]
@@ -368,6 +410,50 @@ def _with_phases(
     if not changes:
         return schedule
     return dataclasses.replace(schedule, phases=dataclasses.replace(schedule.phases, **changes))
+
+
+def _replan_spec(
+    schedule: Schedule | None,
+    profile_path: str | Path | None,
+    *,
+    every: int,
+    on_drift: bool,
+    mode: str,
+    time_limit: float,
+    warnings: list[str],
+) -> ReplanSpec | None:
+    """Check the re-planning options; None when re-planning is off."""
+    if every < 0:
+        raise InputError("--replan-every must not be negative (0: never)")
+    if not (every or on_drift):
+        return None
+    if schedule is None:
+        raise InputError("--replan-every and --replan-on-drift need --schedule")
+    if profile_path is None:
+        raise InputError(
+            "--replan-every and --replan-on-drift need --profile (the profile the schedule was "
+            "solved from)"
+        )
+    if mode not in MODES:
+        raise InputError(f"--replan-mode must be one of {', '.join(MODES)} (got {mode!r})")
+    if not (math.isfinite(time_limit) and time_limit > 0):
+        raise InputError("--replan-time-limit must be a positive number of seconds")
+    profile = load_profile(profile_path)
+    check_profile_fits(schedule, profile, source=str(profile_path))
+    sha = profile_sha256(profile)
+    if sha != schedule.provenance.profile_sha256:
+        warnings.append(
+            f"the schedule was not solved from {profile_path}; re-plans use its costs and signal"
+        )
+    m: Mode = mode  # narrowed by the check against MODES above
+    return ReplanSpec(
+        profile=profile,
+        profile_sha256=sha,
+        every=every,
+        on_drift=on_drift,
+        mode=m,
+        time_limit=time_limit,
+    )
 
 
 def _clear_run(out: Path) -> None:
@@ -435,6 +521,13 @@ def _assemble(
         for a in acts
     )
     events = r0.events
+    switches = [
+        tuple(s["step"] for i, s in enumerate(r.steps) if i and s["plan"] != r.steps[i - 1]["plan"])
+        for r in results
+        if r.steps and "plan" in r.steps[0]
+    ]
+    if any(sw != switches[0] for sw in switches):  # a bug, not a user error
+        raise RuntimeError(f"ranks switched plans at different steps: {switches}")
     losses = tuple((s["step"], s["loss"]) for s in steps)
     vals = r0.val_loss
     report = TrainReport(
@@ -470,8 +563,10 @@ def _assemble(
         val_loss=vals[-1][1] if vals and vals[-1][0] == end else None,
         losses=losses,
         val_losses=vals,
-        fallbacks=sum(e["event"] == "drift" for e in events),
+        fallbacks=sum(e["event"] == "drift" and e.get("response") != "replan" for e in events),
         rollbacks=sum(e["event"] == "rollback" for e in events),
+        replans=sum(e["event"] == "replan" for e in events),
+        replan_steps=switches[0] if switches else (),
         events=events,
         checkpoints=r0.checkpoints,
         actions=actions,

@@ -23,6 +23,18 @@ CUDA-event cost), classified as freezing or full-update steps; the last 16 of ea
 full per-action timeline for the measured Gantt. Rank 0 appends events and per-step scalars to
 `events.jsonl` and `metrics.jsonl` as they happen (and to TensorBoard when installed).
 
+Online re-planning (`TrainSpec.replan`, `freezeopt.replan`): every measured step adds each action's
+full-cost estimate (its measured cost plus the profile's cost of the groups it skipped) to a
+window. When a re-plan is due — after every `every`-th step, or when the step-time drift rule
+fires with `on_drift` — and none is in flight, the ranks all-gather their windows' medians and rank
+0 solves in a background thread while training continues. Rank 0 folds "solve finished" into the
+step's all-reduce, so every rank learns it after the same step; they then receive the outcome by
+`broadcast_object_list` and switch to the new plan from the next step together. The plan version
+goes through the same all-reduce as the phase: ranks that disagree raise. Rank 0 writes the new
+plan to `replans/step-NNNNNNNN.yaml` (the first step it runs) and a `replan` event (or
+`replan_rejected` when it is not predicted faster, `replan_failed` when the solve failed). The
+active plan is part of every checkpoint, so a resume continues with it.
+
 Test-only faults (`freezeopt.faults`) hook in at the batch, the learning rate and each action.
 """
 
@@ -41,9 +53,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from freezeopt import checkpoint as ckpt
 from freezeopt.errors import MismatchError
 from freezeopt.faults import TrainFault, corrupt, damage_file
+from freezeopt.fileio import atomic_write_text
 from freezeopt.job import Job
 from freezeopt.launch import RankContext
 from freezeopt.pipeline import (
@@ -54,7 +69,8 @@ from freezeopt.pipeline import (
     make_schedule,
     validation_loss,
 )
-from freezeopt.schedule import Schedule
+from freezeopt.replan import MIN_SAMPLES, CostWindow, ReplanOutcome, ReplanSpec, replan, skipped_ms
+from freezeopt.schedule import Schedule, parse_schedule
 
 __all__ = ["RankTrainResult", "TrainSpec", "jsonable", "train_rank"]
 
@@ -89,6 +105,8 @@ class TrainSpec:
     stop_from: int = 0
     """With `stop_at_val_loss`: the run trains at least this many steps and validates there too."""
     faults: tuple[TrainFault, ...] = ()
+    replan: ReplanSpec | None = None
+    """Online re-planning (None: off)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Written into every checkpoint's meta.json (what a resume must match)."""
 
@@ -103,7 +121,8 @@ class RankTrainResult:
     stages: tuple[int, ...]
     start_step: int
     steps: tuple[dict[str, Any], ...]
-    """Per step run: step, phase, loss, step_ms, optimizer_ms (this rank), drift rules fired."""
+    """Per step run: step, phase, loss, step_ms, optimizer_ms (this rank), drift rules fired; with
+    re-planning on, `plan`: the plan version (0: the schedule file, +1 per adopted re-plan)."""
     costs: dict[str, dict[str, tuple[float, ...]]]
     """Action → {"freeze": cost samples, "full": cost samples} (ms, measured steps only)."""
     timelines: dict[str, tuple[Any, ...]]
@@ -142,6 +161,19 @@ class _Trainer:
         self.tb: Any = None
         self.units: dict[int, list[list[Any]]] = {}
         """Stage → the parameters of each freezing unit (groups, or single tensors)."""
+        rs = spec.replan if spec.replan is not None and spec.replan.enabled else None
+        self.replan_spec = rs if spec.schedule is not None else None
+        self.window = CostWindow()
+        self.plan_version = 0
+        self.plan_text: str | None = None
+        """YAML of the adopted re-plan in use (None: the schedule file's plan)."""
+        self.inflight: tuple[int, str] | None = None
+        """(trigger step, reason) of the re-plan being solved."""
+        self.solver_thread: threading.Thread | None = None
+        self.solved: list[Any] = []
+        """Rank 0: the background solve's answer (an outcome, or an error line)."""
+        self.solve_ready = False
+        self.drift_replan = False
 
     # -- setup --------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -168,6 +200,7 @@ class _Trainer:
                 rescale=self.spec.rescale,
                 rollback=self.spec.rollback,
                 tensors={s: [len(idx) for _, idx in rp.group_idx[s]] for s in rp.stages},
+                replan_on_drift=self.replan_spec is not None and self.replan_spec.on_drift,
             )
             for s in rp.stages:
                 groups = rp.group_params(s)
@@ -210,6 +243,112 @@ class _Trainer:
                         if k
                     )
         return out
+
+    # -- online re-planning ---------------------------------------------------------------------
+    def _add_costs(self, freezing: bool) -> None:
+        """This step's per-action full-cost estimates into the window (see the module docstring)."""
+        rs, ctrl = self.replan_spec, self.ctrl
+        assert rs is not None and ctrl is not None
+        stages = rs.profile.stages
+        costs: dict[str, float] = {}
+        for s, kind, mb, _, _, cost in self.records:
+            c = float(cost)
+            if freezing and kind in ("B", "W"):
+                c += skipped_ms(
+                    [g.weight_grad_ms.median for g in stages[s].groups],
+                    ctrl.frozen_groups(s, mb),
+                    unit=ctrl.unit,
+                    tensors=[len(idx) for _, idx in self.rp.group_idx[s]],
+                )
+            costs[f"{s}{kind}{mb}"] = c
+        self.window.add(costs)
+
+    def _replan_boundary(self, step: int) -> None:
+        """After every step (identically on every rank): switch to a finished re-plan, then start
+        one when due."""
+        rs = self.replan_spec
+        assert rs is not None
+        if self.solve_ready:
+            self._apply_replan(step)
+        reason = None
+        if self.drift_replan:
+            reason = "step_time"
+        elif rs.every and (step + 1) % rs.every == 0:
+            reason = "every"
+        if (
+            reason is not None
+            and self.inflight is None
+            and len(self.window) >= MIN_SAMPLES
+            and step + 1 < self.spec.steps  # no step left to run a new plan
+        ):
+            self._start_replan(step, reason)
+
+    def _start_replan(self, step: int, reason: str) -> None:
+        import torch.distributed as dist
+
+        rs, ctrl = self.replan_spec, self.ctrl
+        assert rs is not None and ctrl is not None
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, self.window.medians())
+        self.inflight = (step, reason)
+        if self.rank != 0:
+            return
+        measured = {a: c for d in gathered for a, c in d.items()}
+        current = ctrl.schedule
+        box: list[ReplanOutcome | str] = []
+        self.solved = box
+
+        def work() -> None:
+            try:
+                box.append(replan(rs, current, measured, step=step, reason=reason))
+            except Exception as e:
+                box.append(f"{type(e).__name__}: {e}".splitlines()[0])
+
+        self.solver_thread = threading.Thread(target=work, name="freezeopt-replan", daemon=True)
+        self.solver_thread.start()
+
+    def _apply_replan(self, step: int) -> None:
+        """Every rank, after the step whose all-reduce said the solve is done: receive the outcome
+        from rank 0 and run the new plan from step `step + 1` on."""
+        import torch.distributed as dist
+
+        assert self.inflight is not None and self.ctrl is not None
+        trigger, reason = self.inflight
+        at = step + 1
+        payload: dict[str, Any] | None = None
+        if self.rank == 0:
+            out = self.solved[0]
+            if isinstance(out, str):
+                ev = {"step": at, "event": "replan_failed", "reason": reason, "error": out}
+                payload = {"event": ev, "text": None}
+            else:
+                path = self.out / "replans" / f"step-{at:08d}.yaml"
+                atomic_write_text(path, out.text)
+                ev = {
+                    "step": at,
+                    "event": "replan" if out.adopted else "replan_rejected",
+                    "reason": reason,
+                    "trigger_step": trigger,
+                    "old_predicted_ms": round(out.old_predicted_ms, 4),
+                    "new_predicted_ms": round(out.new_predicted_ms, 4),
+                    "baseline_ms": round(out.baseline_ms, 4),
+                    "why": out.why,
+                    "status": out.status,
+                    "solve_s": round(out.solve_s, 3),
+                    "file": str(path),
+                }
+                payload = {"event": ev, "text": out.text if out.adopted else None}
+        box: list[Any] = [payload]
+        dist.broadcast_object_list(box, src=0)
+        payload = box[0]
+        assert payload is not None
+        text = payload["text"]
+        if text is not None:
+            self.ctrl.set_schedule(parse_schedule(yaml.safe_load(text), source="re-plan"))
+            self.plan_version += 1
+            self.plan_text = text
+        self._log_events([payload["event"]])
+        self.inflight, self.solved, self.solve_ready = None, [], False
 
     def _frozen(self, stage: int, mb: int) -> frozenset[int]:
         assert self.ctrl is not None
@@ -307,6 +446,10 @@ class _Trainer:
                 self.frozen_plan = self._frozen_labels()  # the plan of this redraw window
             rec = self._step(step, phase, freezing)
             steps.append(rec)
+            if self.replan_spec is not None:
+                if step >= spec.measure_from:
+                    self._add_costs(freezing)
+                self._replan_boundary(step)
             if step >= spec.measure_from:
                 cls = "freeze" if freezing else "full"
                 for r in self.records:
@@ -352,6 +495,8 @@ class _Trainer:
             self._save(end, reason="end")
         dist.barrier()
         self._close_logs()
+        if self.solver_thread is not None:  # a solve still running: let it end (time-limited)
+            self.solver_thread.join()
         return RankTrainResult(
             rank=self.rank,
             host=socket.gethostname(),
@@ -407,7 +552,9 @@ class _Trainer:
                     vec[1 + self.gindex[(s, g)]] = math.sqrt(sq)
                     vec[1 + n + self.gindex[(s, g)]] = 1.0
         code = float(_PHASES.index(phase))
-        tvec = torch.tensor([t1, -t0, t1 - t0, code, -code], dtype=torch.float64)
+        ready = float(self.rank == 0 and self.inflight is not None and bool(self.solved))
+        ver = float(self.plan_version)
+        tvec = torch.tensor([t1, -t0, t1 - t0, code, -code, ready, ver, -ver], dtype=torch.float64)
         if self.device.type == "cuda":
             vec, tvec = vec.to(self.device), tvec.to(self.device)
         dist.all_reduce(vec, op=dist.ReduceOp.SUM)
@@ -418,6 +565,11 @@ class _Trainer:
                 f"ranks disagree on the phase of step {step} (this rank: {phase}); "
                 "their controllers must see identical inputs"
             )
+        if float(tvec[6]) != -float(tvec[7]):
+            raise RuntimeError(
+                f"ranks disagree on the plan of step {step} (this rank: version {self.plan_version})"
+            )
+        self.solve_ready = float(tvec[5]) > 0.5
         loss = float(vec[0])
         norms = {
             f"{s}/{g}": float(vec[1 + i])
@@ -434,6 +586,7 @@ class _Trainer:
                 step_ms=step_ms if step >= self.spec.measure_from else None,
             )
             self._log_events(list(decision.events))
+        self.drift_replan = decision is not None and decision.replan
         nonfinite = not math.isfinite(loss) or not all(math.isfinite(v) for v in norms.values())
         opt_ms = 0.0
         if not nonfinite:
@@ -461,6 +614,8 @@ class _Trainer:
             "drift": list(decision.drift) if decision is not None else [],
             "skipped_update": nonfinite,
         }
+        if self.replan_spec is not None:
+            rec["plan"] = self.plan_version
         self._log_metrics({**rec, "grad_norms": norms})
         return rec
 
@@ -503,6 +658,11 @@ class _Trainer:
             "optimizer": self.rp.optimizer.state_dict(),
             "controller": self.ctrl.state_dict() if self.ctrl is not None else None,
             "rng": torch.get_rng_state(),
+            **(
+                {"replan": {"version": self.plan_version, "schedule": self.plan_text}}
+                if self.replan_spec is not None
+                else {}
+            ),
         }
 
     def _save(self, step: int, *, reason: str) -> None:
@@ -539,6 +699,10 @@ class _Trainer:
             m.load_state_dict(state["model"][s])
         self.rp.optimizer.load_state_dict(state["optimizer"])
         if full:
+            active = state.get("replan") or {}
+            if self.ctrl is not None and active.get("schedule") is not None:
+                self.ctrl.set_schedule(parse_schedule(yaml.safe_load(active["schedule"])))
+                self.plan_version, self.plan_text = int(active["version"]), active["schedule"]
             if self.ctrl is not None and state.get("controller") is not None:
                 self.ctrl.load_state_dict(state["controller"])
             torch.set_rng_state(state["rng"])
