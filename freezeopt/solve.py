@@ -429,6 +429,12 @@ class _Model:
         optimum, no PuLP objects); `write` then writes the PuLP models of both phases beside it."""
         if self.opts.solver == "highs":
             return self._solve_lp_fast(deadline, write=write)
+        return self.solve_lp_pulp(deadline, write=write)
+
+    def solve_lp_pulp(
+        self, deadline: float, *, write: Path | None
+    ) -> tuple[float, dict[Key, float]]:
+        """Both LP phases through the PuLP models, with either solver (the reference path)."""
         st1, st2, plan, t1 = self._phases(integer=False, start=None, deadline=deadline, write=write)
         if st1 != "optimal" or st2 != "optimal":
             st = st1 if st1 != "optimal" else st2

@@ -1,0 +1,226 @@
+"""The array-built LP (freezeopt.lp_fast) has the plain PuLP LP's optimum, cold and warm."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+import time
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+from freezeopt.dag import PipelineDag, build_dag
+from freezeopt.errors import InputError
+from freezeopt.lp_fast import FastLP
+from freezeopt.sensitivity import estimate_signal
+from freezeopt.simulate import simulate
+from freezeopt.solve import SolveOptions, _Model, solve
+from tests.conftest import make_profile
+
+SCHEDULES = [
+    ("1F1B", 1),
+    ("GPipe", 1),
+    ("Interleaved1F1B", 2),
+    ("ZBVZeroBubble", 2),
+    ("DualPipeV", 2),
+]
+
+
+def _instance(seed: int) -> tuple[PipelineDag, tuple, SolveOptions, str]:
+    """A random but reproducible instance: schedule, size, groups, budget, caps, estimator."""
+    rng = random.Random(seed)
+    schedule, _spr = SCHEDULES[seed % len(SCHEDULES)]
+    ranks = rng.choice([2, 3, 4]) if schedule != "DualPipeV" else 2
+    mbs = rng.choice([4, 6, 8]) if schedule not in ("Interleaved1F1B", "DualPipeV") else 2 * ranks
+    groups = rng.choice([1, 2, 3, 4])
+    sens = rng.choice(["gns", "gns", "numel", "flat", "norm"])
+    opts = SolveOptions(
+        mode="lp",
+        budget=rng.choice([0.0, 0.02, 0.1, 0.3, 1.0]),
+        group_cap=rng.choice([0.25, 0.5, 0.75, 1.0]),
+        stage_cap=rng.choice([None, None, 0.3, 0.9]),
+        sensitivity=sens,  # type: ignore[arg-type]
+        tolerance=rng.choice([0.0, 0.0, 0.01]),
+    )
+    p = make_profile(
+        schedule=schedule,
+        ranks=ranks,
+        microbatches=mbs,
+        groups=groups,
+        seed=seed,
+        lag_ms=rng.choice([0.0, 0.1, 2.0]),
+        last_stage_factor=rng.choice([1.0, 1.5]),
+    )
+    dag = build_dag(p)
+    return dag, estimate_signal(p, sens), opts, f"{schedule} r{ranks} mb{mbs} g{groups} {opts}"
+
+
+def _reference(dag: PipelineDag, signal: tuple, opts: SolveOptions, solver: str):
+    """The plain PuLP LP (both phases) with `solver`: phase-1 T and the phase-2 plan's signal."""
+    o = dataclasses.replace(opts, solver=solver)  # type: ignore[arg-type]
+    m = _Model(dag, signal, o)
+    t1, plan = m.solve_lp_pulp(time.perf_counter() + 60, write=None)
+    return t1, m.signal_of(plan), m
+
+
+# CBC's solution file carries about 8 significant digits, so its phase-1 T (and with it phase 2's
+# bound on T) is rounded; where signal falls steeply with T that moves its phase-2 optimum by more
+# than 1e-6. HiGHS through PuLP reads values in memory: it is held to 1e-6 on both.
+CBC_SIGNAL_REL = 1e-4
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fast_lp_equals_pulp_lp(seed: int) -> None:
+    dag, signal, opts, what = _instance(seed)
+    ans = FastLP.for_problem(dag, signal, opts).solve()
+    for solver, sig_rel in (("highs", 1e-6), ("cbc", CBC_SIGNAL_REL)):
+        if solver == "cbc" and seed % 3:
+            continue  # CBC on every third instance: it is the slow reference
+        t_ref, sig_ref, m = _reference(dag, signal, opts, solver)
+        assert ans.t1 == pytest.approx(t_ref, rel=1e-6), (solver, what)
+        assert ans.signal == pytest.approx(sig_ref, rel=sig_rel, abs=1e-9), (solver, what)
+    # the answer is a plan of its own: within budget and caps, and as fast as its bound says
+    assert m.signal_of(ans.x) == pytest.approx(ans.signal, rel=1e-6, abs=1e-9)
+    assert ans.signal <= opts.budget + 1e-7
+    assert m.fits(ans.x), what
+    makespan = simulate(dag, dag.durations(ans.x)).makespan
+    assert makespan <= ans.t1 * (1 + opts.tolerance) * (1 + 1e-6) + 1e-6, what
+    assert set(ans.x) == set(m.keys)
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+@pytest.mark.parametrize("budget", [0.0, 0.1, 1.0])
+def test_fast_lp_equals_both_solvers(schedule: str, budget: float) -> None:
+    ranks = 4 if schedule == "1F1B" else 2
+    p = make_profile(schedule=schedule, ranks=ranks, microbatches=8, groups=4, seed=11)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="lp", budget=budget, stage_cap=0.9 if budget == 1.0 else None)
+    signal = estimate_signal(p, opts.sensitivity)
+    ans = FastLP.for_problem(dag, signal, opts).solve()
+    for solver, sig_rel in (("highs", 1e-6), ("cbc", CBC_SIGNAL_REL)):
+        t_ref, sig_ref, _ = _reference(dag, signal, opts, solver)
+        assert ans.t1 == pytest.approx(t_ref, rel=1e-6), solver
+        assert ans.signal == pytest.approx(sig_ref, rel=sig_rel, abs=1e-9), solver
+    if budget == 0.0:
+        assert ans.t1 == pytest.approx(simulate(dag).makespan, rel=1e-9)
+        assert ans.signal == pytest.approx(0.0, abs=1e-12)
+
+
+def test_same_rank_edges_are_left_out_and_cross_rank_kept() -> None:
+    """F → B and I → W on one rank follow from program order; lagged cross-rank edges stay."""
+    p = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4, groups=2, lag_ms=1.0)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="lp")
+    f = FastLP.for_problem(dag, estimate_signal(p, opts.sensitivity), opts)
+    order = dag.order
+    kept = {(order[u], order[v]) for u, v in zip(f._arr.src, f._arr.dst, strict=True)}
+    left_out = {(order[u], order[v]) for u, _, v in f._arr.drop}
+    assert kept | left_out == set(dag.graph.edges) and not kept & left_out
+    assert f.info["edges_dropped"] == len(left_out) > 0
+    same_rank = {(u, v) for u, v in dag.graph.edges if dag.rank_of[u] == dag.rank_of[v]}
+    program = {(u, v) for acts in dag.rank_actions for u, v in itertools.pairwise(acts)}
+    assert same_rank - program <= left_out  # every non-consecutive same-rank edge goes
+    assert program <= kept
+    lagged = {(u, v) for u, v in dag.graph.edges if dag.graph.edges[u, v]["lag"] > 0}
+    assert lagged and lagged <= kept  # nothing on another rank implies a 1 ms message here
+
+
+def _perturbed(dag: PipelineDag, seed: int, share: float = 0.05) -> PipelineDag:
+    """The same schedule with some stages' action and group costs changed by ±share."""
+    rng = random.Random(seed)
+    stages = rng.sample(range(dag.n_stages), max(1, dag.n_stages // 3))
+    factor = {s: 1 + rng.choice([-share, share]) for s in stages}
+    cost = {a: c * factor.get(a.stage, 1.0) for a, c in dag.cost.items()}
+    group_cost = tuple(
+        tuple(c * factor.get(s, 1.0) for c in row) for s, row in enumerate(dag.group_cost)
+    )
+    return dataclasses.replace(dag, cost=cost, group_cost=group_cost)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "ranks", "stage_cap"),
+    [("1F1B", 4, None), ("Interleaved1F1B", 2, 0.5), ("ZBVZeroBubble", 3, None)],
+)
+def test_warm_resolve_equals_cold_solve(schedule: str, ranks: int, stage_cap) -> None:
+    p = make_profile(schedule=schedule, ranks=ranks, microbatches=2 * ranks, groups=3, seed=5)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="lp", budget=0.1, stage_cap=stage_cap)
+    signal = estimate_signal(p, opts.sensitivity)
+    warm = FastLP.for_problem(dag, signal, opts)
+    first = warm.solve()
+    assert not first.warm
+    for i in range(3):
+        dag_i = _perturbed(dag, seed=i)
+        again = warm.resolve(dag_i)
+        cold = FastLP.for_problem(dag_i, signal, opts).solve()
+        ref, sig_ref, _ = _reference(dag_i, signal, opts, "highs")
+        assert again.warm
+        assert again.t1 == pytest.approx(cold.t1, rel=1e-6) == ref
+        assert again.signal == pytest.approx(cold.signal, rel=1e-6, abs=1e-9)
+        assert again.signal == pytest.approx(sig_ref, rel=1e-6, abs=1e-9)
+        assert simulate(dag_i, dag_i.durations(again.x)).makespan <= again.t1 * (1 + 1e-6)
+    # and back to the original costs: the first answer again
+    back = warm.resolve(dag)
+    assert back.t1 == pytest.approx(first.t1, rel=1e-9)
+    assert back.signal == pytest.approx(first.signal, rel=1e-6, abs=1e-9)
+
+
+def test_warm_resolve_with_new_lags_and_a_broken_reduction() -> None:
+    """New lags change right-hand sides; a lag that breaks a left-out edge's implication makes
+    the model rebuild itself, and either way the answer is the cold one."""
+    p = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4, groups=2, seed=7)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="lp", budget=0.2)
+    signal = estimate_signal(p, opts.sensitivity)
+    f = FastLP.for_problem(dag, signal, opts)
+    first = f.solve()
+    order = dag.order
+    g2: nx.DiGraph = dag.graph.copy()
+    for u, v in list(g2.edges)[::3]:
+        if g2.edges[u, v]["lag"] > 0:
+            g2.edges[u, v]["lag"] *= 3.0
+    new_lags = dataclasses.replace(dag, graph=g2)
+    again = f.resolve(new_lags)
+    cold = FastLP.for_problem(new_lags, signal, opts).solve()
+    assert again.t1 == pytest.approx(cold.t1, rel=1e-6)
+    assert again.signal == pytest.approx(cold.signal, rel=1e-6, abs=1e-9)
+    # a left-out same-rank edge made to carry a long wait is no longer implied
+    u, _, v = (int(i) for i in f._arr.drop[0])
+    g3: nx.DiGraph = dag.graph.copy()
+    g3.edges[order[u], order[v]]["lag"] = 1000.0
+    broken = dataclasses.replace(dag, graph=g3)
+    again = f.resolve(broken)
+    cold = FastLP.for_problem(broken, signal, opts).solve()
+    assert again.t1 == pytest.approx(cold.t1, rel=1e-6)
+    assert again.t1 > first.t1 + 900.0  # the long wait is in the answer
+    assert again.signal == pytest.approx(cold.signal, rel=1e-6, abs=1e-9)
+
+
+def test_resolve_refuses_another_schedule() -> None:
+    p = make_profile(schedule="1F1B", ranks=2, microbatches=4)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="lp")
+    f = FastLP.for_problem(dag, estimate_signal(p, opts.sensitivity), opts)
+    f.solve()
+    other = build_dag(make_profile(schedule="1F1B", ranks=2, microbatches=6))
+    with pytest.raises(InputError, match="same schedule"):
+        f.resolve(other)
+
+
+def test_solve_with_highs_uses_it_and_still_writes_the_pulp_model(tmp_path: Path) -> None:
+    p = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4, groups=2)
+    dag = build_dag(p)
+    out = tmp_path / "m.lp"
+    opts = SolveOptions(mode="lp", solver="highs", budget=0.1, write_model=out)
+    r = solve(dag, estimate_signal(p, opts.sensitivity), opts)
+    cbc = solve(
+        dag,
+        estimate_signal(p, opts.sensitivity),
+        dataclasses.replace(opts, solver="cbc", write_model=None),
+    )
+    assert r.lp_bound_ms == pytest.approx(cbc.lp_bound_ms, rel=1e-6)
+    assert r.signal_dropped == pytest.approx(cbc.signal_dropped, rel=1e-6)
+    assert "prec_" in out.read_text() and "piece_s0_g0_k0" in out.read_text()
+    assert "makespan_limit" in (tmp_path / "m.phase2.lp").read_text()
