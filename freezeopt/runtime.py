@@ -34,7 +34,8 @@ the schedule's `phases.drift`):
   deliver the *speed-up* the schedule predicted, which is what makes a schedule stale.
 
 On drift the controller falls back to full updates for `fallback_steps` and records an event; with
-`rollback=True` it also asks the caller to restore the last checkpoint (`Decision.rollback`) and
+`rollback=True`, when a loss, gradient or non-finite rule fired (a step-time drift alone says
+nothing against the weights), it also asks the caller to restore the last checkpoint (`Decision.rollback`) and
 then to hand back the checkpoint's controller state through `rollback_to`, which restores the
 loss trend the restored weights belong to while keeping the fallback window. Its
 state is a plain dict (`state_dict`/`load_state_dict`, torch's Stateful protocol) so a resumed run
@@ -335,6 +336,8 @@ class FreezeController:
                 }
             )
             return Decision(drift=tuple(fired), events=tuple(events), replan=True)
+        # a slow step says nothing against the weights: only the loss and gradient rules roll back
+        rollback = self.rollback and any(r != "step_time" for r in fired)
         if fired:
             st.fallbacks += 1
             st.fallback_until = st.step + drift_cfg.fallback_steps
@@ -346,12 +349,10 @@ class FreezeController:
                     "rules": fired,
                     "loss": loss if math.isfinite(loss) else str(loss),
                     "fallback_until": st.fallback_until,
-                    "rollback": self.rollback,
+                    "rollback": rollback,
                 }
             )
-        return Decision(
-            drift=tuple(fired), rollback=bool(fired) and self.rollback, events=tuple(events)
-        )
+        return Decision(drift=tuple(fired), rollback=rollback, events=tuple(events))
 
     @property
     def fallbacks(self) -> int:

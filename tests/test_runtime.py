@@ -122,6 +122,15 @@ def test_step_time_off_the_prediction() -> None:
         c.begin_step(step)
         fired.append(c.end_step(loss=1.0, step_ms=pred * 2).drift)
     assert fired[-1] == ("step_time",) and not any(fired[:-1])
+    # a slow step alone never rolls the weights back, even with rollback on
+    c = FreezeController(sched, stages=[0], rollback=True)
+    decisions = []
+    for step in range(5):
+        c.begin_step(step)
+        decisions.append(c.end_step(loss=1.0, step_ms=pred * 2))
+    assert decisions[-1].drift == ("step_time",) and not decisions[-1].rollback
+    c.begin_step(5)
+    assert c.end_step(loss=float("nan")).rollback  # a non-finite loss does
 
 
 def test_state_round_trips_and_resumes_identically() -> None:
