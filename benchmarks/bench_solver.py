@@ -3,14 +3,19 @@
 
     .venv/bin/python benchmarks/bench_solver.py --out benchmarks/solver.md     (what `make bench` runs)
     .venv/bin/python benchmarks/bench_solver.py --quick --out /tmp/solver.md   (smoke run, ~1 min)
+    .venv/bin/python benchmarks/bench_solver.py --sections lp --sizes 32x128 --schedules 1F1B \
+        --groups 4 --out /tmp/solver.md                                         (a subset)
 
-Sections (see issue 2, item 7):
+Sections (issue 6, item 4):
 
-1. `lp` at 8×64 … 64×256 (stages × microbatches), 1F1B and ZBVZeroBubble, 4 groups per stage,
-   CBC and HiGHS;
+1. the exact `lp` side by side, in one run: the array-built LP (`freezeopt.lp_fast`, what
+   `--solver highs` runs) cold and warm (re-solved after a 5 % change in some stages' costs), the
+   `heuristic` mode on it, and the plain PuLP LP with HiGHS and with CBC where it fits in its
+   timeout; 8×64 … 64×256 (stages × microbatches), 1F1B, Interleaved1F1B and ZBVZeroBubble, 4 and
+   8 groups per stage;
 2. `milp` at 4×8, 8×32, 16×64 (1F1B) with 4 and 8 groups per stage, CBC beside HiGHS, and the
    `heuristic` mode at the same sizes;
-3. TimelyFreeze's dense LP (`freezeopt.timelyfreeze`) beside our sparse `lp` on the same
+3. TimelyFreeze's dense LP (`freezeopt.timelyfreeze`) beside our `lp` on the same
    one-group-per-stage profile, where the dense matrix fits;
 4. the issue's targets, PASS or MISS with the measured number.
 
@@ -45,17 +50,28 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "BENCH-RESULT "
 SOLVER_LABEL = {"cbc": "CBC", "highs": "HiGHS"}
-SCHEDULE_LABEL = {"1F1B": "1F1B", "ZBVZeroBubble": "ZBV"}
+SCHEDULE_LABEL = {"1F1B": "1F1B", "Interleaved1F1B": "Interleaved1F1B", "ZBVZeroBubble": "ZBV"}
+MULTI_STAGE = ("Interleaved1F1B", "ZBVZeroBubble")  # two stages per rank
 
 LP_SIZES = [(8, 64), (32, 128), (32, 256), (64, 256)]
-LP_SCHEDULES = ["1F1B", "ZBVZeroBubble"]
-LP_GROUPS = 4
+LP_SCHEDULES = ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
+LP_GROUPS = [4, 8]
+LP_METHODS = ["fast", "heuristic", "pulp-highs", "pulp-cbc"]
+METHOD_LABEL = {
+    "fast": "lp, arrays → HiGHS",
+    "warm": "lp, warm re-solve",
+    "heuristic": "heuristic",
+    "pulp-highs": "lp, PuLP → HiGHS",
+    "pulp-cbc": "lp, PuLP → CBC",
+}
+WARM_EVERY = 8  # the warm re-solve scales the costs of every 8th stage (0, 8, 16, …)
+WARM_CHANGE = 0.05
 MILP_SIZES = [(4, 8), (8, 32), (16, 64)]
 MILP_GROUPS = [4, 8]
 DENSE_SIZES = [(8, 64), (16, 64), (32, 128), (32, 256)]
 SOLVERS = ["cbc", "highs"]
 HEURISTIC_SOLVER = "highs"
-MILP_GAP = 0.01
+MILP_GAP = 0.005
 # Our sparse LP set up to be TimelyFreeze's (one group per stage, flat sensitivity, no budget).
 TF_OPTS = {
     "mode": "lp",
@@ -65,8 +81,16 @@ TF_OPTS = {
     "sensitivity": "flat",
     "solver": "highs",
 }
-TARGET_LP = {"schedule": "1F1B", "size": (32, 256), "seconds": 5.0, "rss_mb": 500.0}
-TARGET_MILP = {"size": (8, 32), "groups": 8, "gap": 0.01, "seconds": 30.0}
+TARGET_LP_BIG: dict[str, Any] = {
+    "schedule": "ZBVZeroBubble",
+    "size": (64, 256),
+    "seconds": 5.0,
+    "rss_mb": 1000.0,
+}
+TARGET_LP_MID: dict[str, Any] = {"size": (32, 128), "seconds": 0.5}
+TARGET_WARM: dict[str, Any] = {"size": (32, 128), "seconds": 0.2}
+TARGET_HEUR: dict[str, Any] = {"size": (64, 256), "gap": 0.02, "seconds": 2.0}
+TARGET_MILP: dict[str, Any] = {"size": (16, 64), "groups": 8, "gap": 0.005, "seconds": 30.0}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,6 +145,63 @@ class _SolverPeak(threading.Thread):
         return self.peak_kb
 
 
+def _perturbed(dag: Any) -> Any:
+    """The same schedule with every `WARM_EVERY`-th stage's action and group costs × 1.05."""
+    import dataclasses
+
+    f = {s: 1 + WARM_CHANGE for s in range(0, dag.n_stages, WARM_EVERY)}
+    cost = {a: c * f.get(a.stage, 1.0) for a, c in dag.cost.items()}
+    group_cost = tuple(
+        tuple(c * f.get(s, 1.0) for c in row) for s, row in enumerate(dag.group_cost)
+    )
+    return dataclasses.replace(dag, cost=cost, group_cost=group_cost)
+
+
+def _run_fast(case: dict[str, Any], profile: Any, dag: Any) -> dict[str, Any]:
+    """The array-built LP cold, then warm after a cost change, then (optionally) cold on the new
+    costs to check that the warm answer is the cold one."""
+    from freezeopt.lp_fast import FastLP
+    from freezeopt.sensitivity import estimate_signal
+    from freezeopt.solve import SolveOptions
+
+    opts = SolveOptions(**case["opts"])
+    sig = estimate_signal(profile, opts.sensitivity)
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    lp = FastLP.for_problem(dag, sig, opts)
+    a = lp.solve(time_limit=opts.time_limit)
+    out: dict[str, Any] = {
+        "wall_s": time.perf_counter() - t0,
+        "cpu_solve_s": time.process_time() - c0,
+        "status": "optimal",
+        "lp_bound_ms": a.t1,
+        "signal_dropped": a.signal,
+        "timings": {"build": a.build_seconds, "solver": a.solver_seconds},
+        "pivots": list(a.iterations),
+        "method": a.method,
+        "size": dict(lp.info),
+    }
+    dag2 = _perturbed(dag)
+    t1 = time.perf_counter()
+    c1 = time.process_time()
+    b = lp.resolve(dag2, time_limit=opts.time_limit)
+    out["warm"] = {
+        "wall_s": time.perf_counter() - t1,
+        "cpu_s": time.process_time() - c1,
+        "update_s": b.build_seconds,
+        "solver_s": b.solver_seconds,
+        "pivots": list(b.iterations),
+        "lp_bound_ms": b.t1,
+        "signal_dropped": b.signal,
+        "stages_changed": len(range(0, dag.n_stages, WARM_EVERY)),
+    }
+    if case.get("check_warm"):
+        c = FastLP.for_problem(dag2, sig, opts).solve(time_limit=opts.time_limit)
+        out["warm"]["cold_lp_bound_ms"] = c.t1
+        out["warm"]["cold_signal_dropped"] = c.signal
+    return out
+
+
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     """Run one case in this process and return what it measured."""
     poller = _SolverPeak()
@@ -156,6 +237,24 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
             solve_seconds=r.solve_seconds,
             timings=dict(r.timings),
             notes=list(r.notes),
+        )
+    elif case["kind"] == "fast":
+        out.update(_run_fast(case, profile, dag))
+    elif case["kind"] == "plain":
+        from freezeopt.sensitivity import estimate_signal
+        from freezeopt.solve import SolveOptions, _Model
+
+        opts = SolveOptions(**case["opts"])
+        sig = estimate_signal(profile, opts.sensitivity)
+        t1 = time.perf_counter()
+        model = _Model(dag, sig, opts)
+        lp1, plan = model.solve_lp_pulp(t1 + opts.time_limit, write=None)
+        out.update(
+            wall_s=time.perf_counter() - t1,
+            status="optimal",
+            lp_bound_ms=lp1,
+            signal_dropped=model.signal_of(plan),
+            timings={"build": model.build_seconds, "solver": model.solver_seconds},
         )
     elif case["kind"] == "dense":
         from freezeopt.timelyfreeze import solve_timelyfreeze_lp
@@ -291,7 +390,7 @@ class Runner:
             from freezeopt.profile_file import save_profile
             from freezeopt.synth import SynthOptions, synth_profile
 
-            spr = 2 if schedule == "ZBVZeroBubble" else 1
+            spr = 2 if schedule in MULTI_STAGE else 1
             path = self.workdir / f"{schedule}-{stages}x{mb}-g{groups}.json"
             t0 = time.perf_counter()
             p = synth_profile(
@@ -413,42 +512,64 @@ def _clip_timeout(runner: Runner, want: float) -> float | None:
     return min(want, left)
 
 
-def bench_lp(runner: Runner, sizes: list[tuple[int, int]], timeout: float) -> dict:
-    """Section 1: `lp` mode; key (schedule, size, solver)."""
-    out: dict[tuple[str, tuple[int, int], str], dict[str, Any]] = {}
-    for i, size in enumerate(sizes):
-        for sched in LP_SCHEDULES:
-            # HiGHS first: where it runs out of time, the slower solver is not tried at that size.
-            for solver in ("highs", "cbc"):
-                key = (sched, size, solver)
-                prev = out.get((sched, sizes[i - 1], solver)) if i else None
-                why = _blocked(prev, sizes[i - 1]) if i else None
-                other = out.get((sched, size, "highs")) if solver == "cbc" else None
-                if why is None and other is not None and other["outcome"] == "timeout" and i:
-                    t_me = _took(prev)
-                    t_other = _took(out.get((sched, sizes[i - 1], "highs")))
-                    if t_me is not None and t_other is not None and t_me >= t_other:
+def bench_lp(runner: Runner, cfg: dict[str, Any]) -> dict:
+    """Section 1: the exact `lp` side by side; key (schedule, size, groups, method)."""
+    out: dict[tuple[str, tuple[int, int], int, str], dict[str, Any]] = {}
+    sizes: list[tuple[int, int]] = cfg["lp_sizes"]
+    for groups in cfg["lp_groups"]:
+        for sched in cfg["lp_schedules"]:
+            for i, size in enumerate(sizes):
+                for method in cfg["lp_methods"]:
+                    key = (sched, size, groups, method)
+                    prev = out.get((sched, sizes[i - 1], groups, method)) if i else None
+                    why = _blocked(prev, sizes[i - 1]) if i else None
+                    highs = out.get((sched, size, groups, "pulp-highs"))
+                    if (
+                        why is None
+                        and method == "pulp-cbc"
+                        and highs is not None
+                        and highs["outcome"] == "timeout"
+                    ):
                         why = (
-                            f"HiGHS exceeded the {other['timeout_s']:.0f} s timeout here and CBC "
-                            f"was {t_me / max(t_other, 1e-9):.1f}× slower at {_size(sizes[i - 1])}"
+                            f"PuLP → HiGHS exceeded the {highs['timeout_s']:.0f} s timeout here "
+                            "(CBC was slower than HiGHS at every size measured)"
                         )
-                t = _clip_timeout(runner, timeout)
-                if why is None and t is None:
-                    why = "the benchmark's time budget was spent"
-                if why is not None:
-                    out[key] = _not_run(why)
-                    log(f"lp {sched} {_size(size)} {solver}: not run ({why})")
-                    continue
-                assert t is not None
-                case = {
-                    "kind": "solve",
-                    "spec": [sched, size[0], size[1], LP_GROUPS],
+                    want = cfg["lp_timeout"] if method.startswith("pulp") else cfg["fast_timeout"]
+                    t = _clip_timeout(runner, want)
+                    if why is None and t is None:
+                        why = "the benchmark's time budget was spent"
+                    if why is not None:
+                        out[key] = _not_run(why)
+                        log(f"lp {sched} {_size(size)} g{groups} {method}: not run ({why})")
+                        continue
+                    assert t is not None
+                    spec = [sched, size[0], size[1], groups]
                     # the solve's own time limit sits just above the harness timeout
-                    "opts": {"mode": "lp", "solver": solver, "threads": 1, "time_limit": t + 5},
-                }
-                log(f"lp {sched} {_size(size)} {solver} (timeout {t:.0f} s) …")
-                out[key] = runner.run(case, t)
-                log(f"  → {_brief(out[key])}")
+                    base = {"solver": "highs", "threads": 1, "time_limit": t + 5}
+                    if method == "fast":
+                        small = size[0] * size[1] <= 32 * 128
+                        case = {
+                            "kind": "fast",
+                            "spec": spec,
+                            "opts": {**base, "mode": "lp"},
+                            "check_warm": small,
+                        }
+                    elif method == "heuristic":
+                        case = {
+                            "kind": "solve",
+                            "spec": spec,
+                            "opts": {**base, "mode": "heuristic"},
+                        }
+                    else:
+                        solver = method.split("-")[1]
+                        case = {
+                            "kind": "plain",
+                            "spec": spec,
+                            "opts": {**base, "mode": "lp", "solver": solver},
+                        }
+                    log(f"lp {sched} {_size(size)} g{groups} {method} (timeout {t:.0f} s) …")
+                    out[key] = runner.run(case, t)
+                    log(f"  → {_brief(out[key])}")
     return out
 
 
@@ -643,6 +764,10 @@ def _command() -> str:
     return shlex.join([exe, *sys.argv])
 
 
+def _load(t: tuple[float, float, float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in t)
+
+
 def render(
     *,
     args: argparse.Namespace,
@@ -668,6 +793,9 @@ def render(
         f"networkx {v['networkx']}, numpy {v['numpy']}, torch {v['torch']} (synth only) |",
         f"| freezeopt | {v['freezeopt']}, commit {_git()} |",
         f"| wall time of this run | {wall / 60:.1f} min |",
+        f"| load average (1, 5, 15 min) | before {_load(cfg['load'][0])}; after "
+        f"{_load(cfg['load'][1])} — the machine is shared, other work ran beside this |",
+        f"| sections | {', '.join(cfg['sections'])} |",
         "",
         "Method: every case runs in a fresh child process that loads a synthetic profile "
         "(`freezeopt synth`, seed 0, 2 gradient-trace steps, other synth options default), builds "
@@ -683,208 +811,275 @@ def render(
     ]
 
     # -- 1 -----------------------------------------------------------------------------------
-    L += [
-        "## 1. `lp` mode (continuous relaxation, both phases)",
-        "",
-        f'`SolveOptions(mode="lp", solver=…, threads=1)` with the defaults otherwise (budget 0.1, '
-        f"group cap 0.75, sensitivity `gns`), {LP_GROUPS} groups per stage; 1F1B runs one stage "
-        f'per rank, ZBV two (so 64 stages = 32 ranks). build s = `timings["build"]` (both '
-        f'phases), solver s = `timings["solver"]`, total s = `solve_seconds` (also the three '
-        f"simulations). Timeout per case: {cfg['lp_timeout']:.0f} s.",
-        "",
-    ]
-    rows = []
-    for sched in LP_SCHEDULES:
-        for size in cfg["lp_sizes"]:
-            for solver in SOLVERS:
-                r = lp[(sched, size, solver)]
-                ok = r["outcome"] == "ok"
-                tm = r.get("timings", {})
-                rows.append(
-                    [
-                        SCHEDULE_LABEL[sched],
-                        _size(size),
-                        str(r.get("actions", _n_actions(sched, size))),
-                        SOLVER_LABEL[solver],
-                        _f(tm.get("build"), ".2f") if ok else "—",
-                        _f(tm.get("solver"), ".2f") if ok else "—",
-                        _f(r.get("solve_seconds"), ".2f") if ok else "—",
-                        _rss_cell(r) if r["outcome"] in ("ok", "timeout") else "—",
-                        _f(r.get("baseline_ms"), ".1f"),
-                        _f(r.get("lp_bound_ms"), ".1f"),
-                        _f(r.get("predicted_ms"), ".1f"),
-                        _status_cell(r),
-                    ]
-                )
-    L += _table(
-        [
-            "schedule",
-            "stages×mb",
-            "actions",
-            "solver",
-            "build s",
-            "solver s",
-            "total s",
-            "peak RSS MB",
-            "baseline ms",
-            "LP bound ms",
-            "predicted ms",
-            "status",
-        ],
-        rows,
-    )
-    L.append("")
+    if "lp" in cfg["sections"]:
+        L += [
+            "## 1. Exact `lp`, side by side",
+            "",
+            "All rows of one size come from the same profile (budget 0.1, group cap 0.75, sensitivity "
+            "`gns`, no stage cap, single thread). Methods:",
+            "",
+            "- **lp, arrays → HiGHS** — `freezeopt.lp_fast.FastLP` (what `solve --mode lp --solver "
+            "highs` runs): the LP as numpy arrays passed to highspy, implied edges left out, dual "
+            "simplex from the crash basis for phase 1 (interior point with crossover from "
+            "20 000 actions), primal simplex for phase 2. build s = arrays and model, solve s = both "
+            "phases, total s = both. pivots = simplex pivots of phase 1 + phase 2.",
+            f"- **lp, warm re-solve** — the same model re-solved in place after the action and group "
+            f"costs of every {WARM_EVERY}th stage (0, {WARM_EVERY}, …) rose by "
+            f"{WARM_CHANGE * 100:g} %: build s = updating right-hand sides and coefficients, solve s = "
+            "both phases from the last basis. Up to 32×128 the same child also solved the new costs "
+            "cold; check = relative difference of T and of signal to that cold answer.",
+            '- **heuristic** — `solve(mode="heuristic", solver="highs")`: the LP above, rounded '
+            "down and filled greedily; total s = `solve_seconds` (LP, rounding, fill and three "
+            "simulations), plan ms = its simulated step time, gap = (plan − LP bound) / plan.",
+            "- **lp, PuLP → HiGHS / CBC** — the plain PuLP model of both phases "
+            "(`_Model.solve_lp_pulp`, as `--solver cbc` runs and as `--solver highs` ran before): "
+            "build s = PuLP objects, solve s = the solver including PuLP's transfer; check = "
+            "relative difference of T and of signal to the array-built LP.",
+            "",
+            f"Peak RSS is the child's high-water mark (for the arrays row it covers the warm "
+            f"re-solve and the cold check too). Timeouts: {cfg['fast_timeout']:.0f} s per case for "
+            f"the array-built LP and the heuristic, {cfg['lp_timeout']:.0f} s for the PuLP ones.",
+            "",
+        ]
+        rows = []
+        for groups in cfg["lp_groups"]:
+            for sched in cfg["lp_schedules"]:
+                for size in cfg["lp_sizes"]:
+                    fast = lp.get((sched, size, groups, "fast"))
+                    for method in cfg["lp_methods"]:
+                        r = lp[(sched, size, groups, method)]
+                        rows.append(_lp_row(sched, size, groups, method, r, fast))
+                        if method == "fast" and r["outcome"] == "ok" and "warm" in r:
+                            rows.append(_lp_row(sched, size, groups, "warm", r, fast))
+        L += _table(
+            [
+                "schedule",
+                "stages×mb",
+                "groups",
+                "actions",
+                "method",
+                "build s",
+                "solve s",
+                "total s",
+                "pivots",
+                "peak RSS MB",
+                "LP bound ms",
+                "plan ms (gap)",
+                "signal dropped",
+                "check",
+                "status",
+            ],
+            rows,
+        )
+        L.append("")
 
     # -- 2 -----------------------------------------------------------------------------------
-    L += [
-        "## 2. `milp` and `heuristic` (1F1B)",
-        "",
-        f'`SolveOptions(mode="milp", time_limit={cfg["time_limit"]:g}, gap={MILP_GAP}, '
-        f"solver=…, threads=1)`, budget 0.1, group cap 0.75, sensitivity `gns`. The time limit "
-        f"covers the two MILP phases; seconds = `solve_seconds`, which also includes the LP "
-        f"relaxation and the heuristic warm start. Gap to LP bound = (predicted − LP bound) / "
-        f"predicted. Signal dropped is the share of one step's expected progress (budget 0.1). "
-        f"Timeout per case: time limit + {cfg['extra_timeout']:.0f} s.",
-        "",
-    ]
+    if "milp" in cfg["sections"]:
+        L += [
+            "## 2. `milp` and `heuristic` (1F1B)",
+            "",
+            f'`SolveOptions(mode="milp", time_limit={cfg["time_limit"]:g}, gap={MILP_GAP}, '
+            f"solver=…, threads=1)`, budget 0.1, group cap 0.75, sensitivity `gns`. The time limit "
+            f"covers the two MILP phases; seconds = `solve_seconds`, which also includes the LP "
+            f"relaxation and the heuristic warm start. Gap to LP bound = (predicted − LP bound) / "
+            f"predicted. Signal dropped is the share of one step's expected progress (budget 0.1). "
+            f"Timeout per case: time limit + {cfg['extra_timeout']:.0f} s.",
+            "",
+        ]
 
-    def milp_rows(mode: str, solvers: list[str]) -> list[list[str]]:
-        rows = []
-        for size in cfg["milp_sizes"]:
-            for groups in MILP_GROUPS:
-                for solver in solvers:
-                    r = milp[(mode, size, groups, solver)]
-                    ok = r["outcome"] == "ok"
-                    rows.append(
-                        [
-                            _size(size),
-                            str(groups),
-                            SOLVER_LABEL[solver],
-                            _status_cell(r),
-                            _f(r.get("solve_seconds"), ".2f") if ok else "—",
-                            _f(r.get("predicted_ms"), ".2f"),
-                            _f(r.get("lp_bound_ms"), ".2f"),
-                            _f(r["gap"] * 100, ".2f") if ok else "—",
-                            _f(r.get("signal_dropped"), ".4f"),
-                        ]
-                    )
-        return rows
+        def milp_rows(mode: str, solvers: list[str]) -> list[list[str]]:
+            rows = []
+            for size in cfg["milp_sizes"]:
+                for groups in MILP_GROUPS:
+                    for solver in solvers:
+                        r = milp[(mode, size, groups, solver)]
+                        ok = r["outcome"] == "ok"
+                        rows.append(
+                            [
+                                _size(size),
+                                str(groups),
+                                SOLVER_LABEL[solver],
+                                _status_cell(r),
+                                _f(r.get("solve_seconds"), ".2f") if ok else "—",
+                                _f(r.get("predicted_ms"), ".2f"),
+                                _f(r.get("lp_bound_ms"), ".2f"),
+                                _f(r["gap"] * 100, ".2f") if ok else "—",
+                                _f(r.get("signal_dropped"), ".4f"),
+                            ]
+                        )
+            return rows
 
-    hdr = [
-        "size",
-        "groups",
-        "solver",
-        "status",
-        "seconds",
-        "predicted ms",
-        "LP bound ms",
-        "gap to LP bound %",
-        "signal dropped",
-    ]
-    L += ["### `milp`", "", *_table(hdr, milp_rows("milp", SOLVERS)), ""]
-    L += [
-        "### `heuristic`",
-        "",
-        f"Same profiles; the LP it rounds is solved with {SOLVER_LABEL[HEURISTIC_SOLVER]}. "
-        f"Timeout per case: {cfg['extra_timeout']:.0f} s.",
-        "",
-    ]
-    L += [*_table(hdr, milp_rows("heuristic", [HEURISTIC_SOLVER])), ""]
+        hdr = [
+            "size",
+            "groups",
+            "solver",
+            "status",
+            "seconds",
+            "predicted ms",
+            "LP bound ms",
+            "gap to LP bound %",
+            "signal dropped",
+        ]
+        L += ["### `milp`", "", *_table(hdr, milp_rows("milp", SOLVERS)), ""]
+        L += [
+            "### `heuristic`",
+            "",
+            f"Same profiles; the LP it rounds is solved with {SOLVER_LABEL[HEURISTIC_SOLVER]}. "
+            f"Timeout per case: {cfg['extra_timeout']:.0f} s.",
+            "",
+        ]
+        L += [*_table(hdr, milp_rows("heuristic", [HEURISTIC_SOLVER])), ""]
 
     # -- 3 -----------------------------------------------------------------------------------
-    L += [
-        "## 3. TimelyFreeze's dense LP beside our sparse `lp` (1F1B, one group per stage)",
-        "",
-        "Dense: `freezeopt.timelyfreeze.solve_timelyfreeze_lp(dag, stage_cap=0.9)` — numpy dense "
-        "constraint rows, then HiGHS through highspy; seconds = that call (build + solve). "
-        'Sparse: `solve(dag, …, SolveOptions(mode="lp", budget=1.0, group_cap=1.0, '
-        'stage_cap=0.9, sensitivity="flat", solver="highs"))`; seconds = `solve_seconds` '
-        "(two LP phases and three simulations). Dense matrix = rows × cols × 8 bytes, estimated "
-        f"before building; above {cfg['dense_max_gib']:g} GiB the dense LP is skipped. Makespans: "
-        "the dense optimum and our phase-1 LP bound; they agree when the relative difference is "
-        f"below 10⁻⁶. Timeout per case: {cfg['dense_timeout']:.0f} s.",
-        "",
-    ]
-    rows = []
-    for size in cfg["dense_sizes"]:
-        d, s = dense[(size, "dense")], dense[(size, "sparse")]
-        d_ok = d["outcome"] == "ok" and not d.get("skipped")
-        s_ok = s["outcome"] == "ok"
-        if d.get("est_bytes") is not None:
-            gib_cell = _gib(d.get("dense_bytes", d["est_bytes"]))
-        else:
-            gib_cell = "—"
-        if d_ok:
-            d_time = f"{d['wall_s']:.2f}"
-        elif d.get("skipped") or (d.get("est_bytes", 0) > cfg["dense_max_gib"] * 2**30):
-            d_time = f"skipped: would need {_gib(d['est_bytes'])} GiB"
-        else:
-            d_time = _status_cell(d)
-        agree = "—"
-        if d_ok and s_ok:
-            a, b = d["makespan_ms"], s["lp_bound_ms"]
-            rel = abs(a - b) / max(abs(a), 1e-12)
-            agree = f"yes ({rel:.0e})" if rel < 1e-6 else f"**NO** ({rel:.1e})"
-        rows.append(
+    if "dense" in cfg["sections"]:
+        L += [
+            "## 3. TimelyFreeze's dense LP beside our sparse `lp` (1F1B, one group per stage)",
+            "",
+            "Dense: `freezeopt.timelyfreeze.solve_timelyfreeze_lp(dag, stage_cap=0.9)` — numpy dense "
+            "constraint rows, then HiGHS through highspy; seconds = that call (build + solve). "
+            'Sparse: `solve(dag, …, SolveOptions(mode="lp", budget=1.0, group_cap=1.0, '
+            'stage_cap=0.9, sensitivity="flat", solver="highs"))`; seconds = `solve_seconds` '
+            "(two LP phases and three simulations). Dense matrix = rows × cols × 8 bytes, estimated "
+            f"before building; above {cfg['dense_max_gib']:g} GiB the dense LP is skipped. Makespans: "
+            "the dense optimum and our phase-1 LP bound; they agree when the relative difference is "
+            f"below 10⁻⁶. Timeout per case: {cfg['dense_timeout']:.0f} s.",
+            "",
+        ]
+        rows = []
+        for size in cfg["dense_sizes"]:
+            d, s = dense[(size, "dense")], dense[(size, "sparse")]
+            d_ok = d["outcome"] == "ok" and not d.get("skipped")
+            s_ok = s["outcome"] == "ok"
+            if d.get("est_bytes") is not None:
+                gib_cell = _gib(d.get("dense_bytes", d["est_bytes"]))
+            else:
+                gib_cell = "—"
+            if d_ok:
+                d_time = f"{d['wall_s']:.2f}"
+            elif d.get("skipped") or (d.get("est_bytes", 0) > cfg["dense_max_gib"] * 2**30):
+                d_time = f"skipped: would need {_gib(d['est_bytes'])} GiB"
+            else:
+                d_time = _status_cell(d)
+            agree = "—"
+            if d_ok and s_ok:
+                a, b = d["makespan_ms"], s["lp_bound_ms"]
+                rel = abs(a - b) / max(abs(a), 1e-12)
+                agree = f"yes ({rel:.0e})" if rel < 1e-6 else f"**NO** ({rel:.1e})"
+            rows.append(
+                [
+                    _size(size),
+                    str(s.get("actions", d.get("actions", _n_actions("1F1B", size)))),
+                    gib_cell,
+                    d_time,
+                    _rss_cell(d) if d_ok or d["outcome"] == "timeout" else "—",
+                    f"{s['solve_seconds']:.2f}" if s_ok else _status_cell(s),
+                    _rss_cell(s) if s["outcome"] in ("ok", "timeout") else "—",
+                    _f(d.get("makespan_ms"), ".3f"),
+                    _f(s.get("lp_bound_ms"), ".3f"),
+                    agree,
+                ]
+            )
+        L += _table(
             [
-                _size(size),
-                str(s.get("actions", d.get("actions", _n_actions("1F1B", size)))),
-                gib_cell,
-                d_time,
-                _rss_cell(d) if d_ok or d["outcome"] == "timeout" else "—",
-                f"{s['solve_seconds']:.2f}" if s_ok else _status_cell(s),
-                _rss_cell(s) if s["outcome"] in ("ok", "timeout") else "—",
-                _f(d.get("makespan_ms"), ".3f"),
-                _f(s.get("lp_bound_ms"), ".3f"),
-                agree,
-            ]
+                "size",
+                "actions",
+                "dense matrix GiB",
+                "dense build+solve s",
+                "dense peak RSS MB",
+                "sparse s",
+                "sparse peak RSS MB",
+                "dense makespan ms",
+                "sparse makespan ms",
+                "agree",
+            ],
+            rows,
         )
-    L += _table(
-        [
-            "size",
-            "actions",
-            "dense matrix GiB",
-            "dense build+solve s",
-            "dense peak RSS MB",
-            "sparse s",
-            "sparse peak RSS MB",
-            "dense makespan ms",
-            "sparse makespan ms",
-            "agree",
-        ],
-        rows,
-    )
-    L.append("")
+        L.append("")
 
     # -- 4 -----------------------------------------------------------------------------------
-    L += ["## 4. Targets (issue 2)", ""]
+    L += ["## 4. Targets (issue 6)", ""]
     rows = []
-    t_size = TARGET_LP["size"]
-    lp_target = (
-        f"`lp` at {_size(t_size)} 1F1B in under {TARGET_LP['seconds']:g} s and "
-        f"{TARGET_LP['rss_mb']:g} MB peak"
+    g0 = 4
+    big = TARGET_LP_BIG
+    rows.append(
+        [
+            f"exact `lp` at {_size(big['size'])} ZBV in under {big['seconds']:g} s and "
+            f"{big['rss_mb']:g} MB",
+            METHOD_LABEL["fast"],
+            *_time_verdict(
+                lp.get((big["schedule"], big["size"], g0, "fast")),
+                "wall_s",
+                big["seconds"],
+                rss_mb=big["rss_mb"],
+            ),
+        ]
     )
-    for solver in SOLVERS:
-        r = lp.get((TARGET_LP["schedule"], t_size, solver))
-        rows.append([lp_target, SOLVER_LABEL[solver], *_lp_verdict(r)])
+    for sched in LP_SCHEDULES:
+        rows.append(
+            [
+                f"exact `lp` at {_size(TARGET_LP_MID['size'])} {SCHEDULE_LABEL[sched]} in under "
+                f"{TARGET_LP_MID['seconds']:g} s",
+                METHOD_LABEL["fast"],
+                *_time_verdict(
+                    lp.get((sched, TARGET_LP_MID["size"], g0, "fast")),
+                    "wall_s",
+                    TARGET_LP_MID["seconds"],
+                ),
+            ]
+        )
+    for sched in LP_SCHEDULES:
+        r = lp.get((sched, TARGET_WARM["size"], g0, "fast"))
+        rows.append(
+            [
+                f"warm re-solve after a {WARM_CHANGE * 100:g} % change in some stages' costs at "
+                f"{_size(TARGET_WARM['size'])} {SCHEDULE_LABEL[sched]} in under "
+                f"{TARGET_WARM['seconds']:g} s",
+                METHOD_LABEL["warm"],
+                *_time_verdict(
+                    r["warm"] if r and r.get("outcome") == "ok" else r,
+                    "wall_s",
+                    TARGET_WARM["seconds"],
+                ),
+            ]
+        )
+    for sched in LP_SCHEDULES:
+        r = lp.get((sched, TARGET_HEUR["size"], g0, "heuristic"))
+        verdict = _time_verdict(r, "solve_seconds", TARGET_HEUR["seconds"])
+        if r and r.get("outcome") == "ok":
+            gap_ok = r["gap"] <= TARGET_HEUR["gap"]
+            verdict = [
+                f"gap {r['gap'] * 100:.2f} %, {verdict[0]}",
+                "PASS" if gap_ok and verdict[1] == "PASS" else "MISS",
+            ]
+        rows.append(
+            [
+                f"`heuristic` within {TARGET_HEUR['gap'] * 100:g} % of the LP bound at "
+                f"{_size(TARGET_HEUR['size'])} {SCHEDULE_LABEL[sched]} in under "
+                f"{TARGET_HEUR['seconds']:g} s",
+                METHOD_LABEL["heuristic"],
+                *verdict,
+            ]
+        )
     milp_target = (
         f"`milp` at {_size(TARGET_MILP['size'])} with {TARGET_MILP['groups']} groups per stage "
         f"within {TARGET_MILP['gap'] * 100:g} % gap in {TARGET_MILP['seconds']:g} s"
     )
     for solver in SOLVERS:
         r = milp.get(("milp", TARGET_MILP["size"], TARGET_MILP["groups"], solver))
-        rows.append([milp_target, SOLVER_LABEL[solver], *_milp_verdict(r, cfg)])
-    L += _table(["target", "solver", "measured", "verdict"], rows)
+        rows.append([milp_target, f"milp, {SOLVER_LABEL[solver]}", *_milp_verdict(r, cfg)])
+    L += _table(["target", "method", "measured", "verdict"], rows)
     L += [
         "",
-        "Gap is measured against the LP bound (the solver's own bound is tighter, so this gap is "
-        "an upper bound on the true one); seconds are the whole `solve` call.",
+        "The `lp` targets are measured on the array-built LP alone (build and both phases, "
+        "profile loading and DAG building left out), the heuristic and milp on the whole `solve` "
+        "call. Gap is measured against the LP bound (the solver's own bound is tighter, so this "
+        "gap is an upper bound on the true one). 4 groups per stage.",
         "",
     ]
 
     # -- notes -----------------------------------------------------------------------------------
     labelled = (
-        [(f"lp {k[0]} {_size(k[1])} {k[2]}", r) for k, r in lp.items()]
+        [(f"lp {k[0]} {_size(k[1])} g{k[2]} {k[3]}", r) for k, r in lp.items()]
         + [(f"{k[0]} {_size(k[1])} g{k[2]} {k[3]}", r) for k, r in milp.items()]
         + [(f"{k[1]} {_size(k[0])}", r) for k, r in dense.items()]
     )
@@ -907,21 +1102,102 @@ def render(
     return "\n".join(L)
 
 
-def _lp_verdict(r: dict[str, Any] | None) -> list[str]:
+def _rel(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None:
+        return None
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def _lp_row(
+    sched: str,
+    size: tuple[int, int],
+    groups: int,
+    method: str,
+    r: dict[str, Any],
+    fast: dict[str, Any] | None,
+) -> list[str]:
+    """One row of section 1."""
+    ok = r["outcome"] == "ok"
+    head = [
+        SCHEDULE_LABEL[sched],
+        _size(size),
+        str(groups),
+        str(r.get("actions", _n_actions(sched, size))),
+        METHOD_LABEL[method],
+    ]
+    if not ok:
+        rss = _rss_cell(r) if r["outcome"] == "timeout" else "—"
+        return [*head, "—", "—", "—", "—", rss, "—", "—", "—", "—", _status_cell(r)]
+    tm = r.get("timings", {})
+    check = "—"
+    if method == "warm":
+        w = r["warm"]
+        if "cold_lp_bound_ms" in w:
+            dt = _rel(w["lp_bound_ms"], w["cold_lp_bound_ms"])
+            ds = _rel(w["signal_dropped"], w["cold_signal_dropped"])
+            check = f"= cold: ΔT {dt:.0e}, Δsignal {ds:.0e}"
+        return [
+            *head,
+            f"{w['update_s']:.2f}",
+            f"{w['solver_s']:.2f}",
+            f"{w['wall_s']:.2f}",
+            "+".join(str(p) for p in w["pivots"]),
+            "(same child)",
+            f"{w['lp_bound_ms']:.1f}",
+            "—",
+            f"{w['signal_dropped']:.6f}",
+            check,
+            f"optimal ({w['stages_changed']} stage{'s' if w['stages_changed'] != 1 else ''} "
+            "changed)",
+        ]
+    if method.startswith("pulp") and fast is not None and fast["outcome"] == "ok":
+        dt = _rel(r.get("lp_bound_ms"), fast["lp_bound_ms"])
+        ds = _rel(r.get("signal_dropped"), fast["signal_dropped"])
+        check = f"ΔT {dt:.0e}, Δsignal {ds:.0e}"
+    if method == "heuristic":
+        total = r.get("solve_seconds")
+        plan = f"{r['predicted_ms']:.1f} ({r['gap'] * 100:.2f} %)"
+    else:
+        total = r.get("wall_s")
+        plan = "—"
+    pivots = "+".join(str(p) for p in r["pivots"]) if "pivots" in r else "—"
+    if method == "fast":
+        pivots += f" ({r.get('method', '?')})"
+    return [
+        *head,
+        _f(tm.get("build"), ".2f"),
+        _f(tm.get("solver"), ".2f"),
+        _f(total, ".2f"),
+        pivots,
+        _rss_cell(r),
+        _f(r.get("lp_bound_ms"), ".1f"),
+        plan,
+        _f(r.get("signal_dropped"), ".6f"),
+        check,
+        str(r.get("status")),
+    ]
+
+
+def _time_verdict(
+    r: dict[str, Any] | None, field: str, seconds: float, *, rss_mb: float | None = None
+) -> list[str]:
+    """Measured text and PASS/MISS for a time (and memory) target."""
     if r is None:
         return ["not measured (not in this run's sizes)", "—"]
-    if r["outcome"] == "ok":
-        secs, rss = r["solve_seconds"], _rss_mb(r)
-        ok = secs < TARGET_LP["seconds"] and rss < TARGET_LP["rss_mb"]
-        return [f"{secs:.2f} s, {rss:.0f} MB", "PASS" if ok else "MISS"]
-    if r["outcome"] == "timeout":
-        return [
-            f"did not finish in {r['timeout_s']:.0f} s (peak RSS ≥ {_rss_mb(r):.0f} MB when killed)",
-            "MISS",
-        ]
-    if r["outcome"] == "not_run":
-        return [f"not measured: {r['reason']}", "MISS (inferred from the smaller size)"]
-    return [f"error: {r.get('error')}", "MISS"]
+    if "outcome" in r and r["outcome"] != "ok":
+        if r["outcome"] == "timeout":
+            return [f"did not finish in {r['timeout_s']:.0f} s", "MISS"]
+        if r["outcome"] == "not_run":
+            return [f"not measured: {r['reason']}", "MISS (inferred)"]
+        return [f"error: {r.get('error')}", "MISS"]
+    secs = float(r[field])
+    ok = secs < seconds
+    text = f"{secs:.2f} s"
+    if rss_mb is not None:
+        rss = _rss_mb(r)
+        ok = ok and rss < rss_mb
+        text += f", {rss:.0f} MB"
+    return [text, "PASS" if ok else "MISS"]
 
 
 def _milp_verdict(r: dict[str, Any] | None, cfg: dict[str, Any]) -> list[str]:
@@ -947,11 +1223,47 @@ def _milp_verdict(r: dict[str, Any] | None, cfg: dict[str, Any]) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 
 
+def _sizes(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        a, _, b = part.strip().lower().replace("×", "x").partition("x")
+        out.append((int(a), int(b)))
+    return out
+
+
+def _names(text: str, allowed: list[str], what: str) -> list[str]:
+    out = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in out if t not in allowed]
+    if bad:
+        raise SystemExit(
+            f"error: unknown {what} {', '.join(bad)}; use some of {', '.join(allowed)}"
+        )
+    return out
+
+
+SECTIONS = ["lp", "milp", "dense"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "solver.md")
     ap.add_argument("--quick", action="store_true", help="smallest sizes only (smoke run)")
-    ap.add_argument("--lp-timeout", type=float, default=60.0, help="seconds per lp case")
+    ap.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"which to run, of {','.join(SECTIONS)}"
+    )
+    ap.add_argument("--sizes", help="section 1 sizes, e.g. 8x64,32x128 (default 8×64 … 64×256)")
+    ap.add_argument("--schedules", help=f"section 1 schedules, of {','.join(LP_SCHEDULES)}")
+    ap.add_argument("--groups", help="section 1 groups per stage, e.g. 4,8")
+    ap.add_argument("--methods", help=f"section 1 methods, of {','.join(LP_METHODS)}")
+    ap.add_argument(
+        "--lp-timeout", type=float, default=120.0, help="seconds per PuLP lp case (section 1)"
+    )
+    ap.add_argument(
+        "--fast-timeout",
+        type=float,
+        default=600.0,
+        help="seconds per array-built lp and heuristic case (section 1)",
+    )
     ap.add_argument(
         "--milp-time-limit",
         type=float,
@@ -969,32 +1281,56 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dense-max-gib", type=float, default=6.0, help="skip dense LPs above this")
     ap.add_argument(
-        "--max-minutes", type=float, default=20.0, help="cases after this are reported as not run"
+        "--max-minutes", type=float, default=90.0, help="cases after this are reported as not run"
     )
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.case is not None:
         return child_main(args.case)
 
+    sections = _names(args.sections, SECTIONS, "section")
     cfg: dict[str, Any] = {
-        "lp_sizes": LP_SIZES[:1] if args.quick else LP_SIZES,
+        "lp_sizes": _sizes(args.sizes) if args.sizes else LP_SIZES[:1] if args.quick else LP_SIZES,
+        "lp_schedules": _names(args.schedules, LP_SCHEDULES, "schedule")
+        if args.schedules
+        else LP_SCHEDULES,
+        "lp_groups": [int(g) for g in args.groups.split(",")]
+        if args.groups
+        else LP_GROUPS[:1]
+        if args.quick
+        else LP_GROUPS,
+        "lp_methods": _names(args.methods, LP_METHODS, "method") if args.methods else LP_METHODS,
         "milp_sizes": MILP_SIZES[:1] if args.quick else MILP_SIZES,
         "dense_sizes": DENSE_SIZES[:1] if args.quick else DENSE_SIZES,
         "time_limit": args.milp_time_limit or (2.0 if args.quick else 30.0),
         "lp_timeout": args.lp_timeout,
+        "fast_timeout": args.fast_timeout,
         "extra_timeout": args.extra_timeout,
         "dense_timeout": args.dense_timeout,
         "dense_max_gib": args.dense_max_gib,
+        "sections": sections,
     }
+    if "fast" not in cfg["lp_methods"]:
+        cfg["lp_methods"] = ["fast", *cfg["lp_methods"]]  # the others are checked against it
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = os.getloadavg()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="freezeopt-bench-") as tmp:
         runner = Runner(Path(tmp), deadline=t0 + args.max_minutes * 60)
-        lp = bench_lp(runner, cfg["lp_sizes"], cfg["lp_timeout"])
-        milp = bench_milp(runner, cfg["milp_sizes"], cfg["time_limit"], cfg["extra_timeout"])
-        dense = bench_dense(
-            runner, cfg["dense_sizes"], cfg["dense_timeout"], cfg["dense_max_gib"] * 2**30
+        lp = bench_lp(runner, cfg) if "lp" in sections else {}
+        milp = (
+            bench_milp(runner, cfg["milp_sizes"], cfg["time_limit"], cfg["extra_timeout"])
+            if "milp" in sections
+            else {}
         )
+        dense = (
+            bench_dense(
+                runner, cfg["dense_sizes"], cfg["dense_timeout"], cfg["dense_max_gib"] * 2**30
+            )
+            if "dense" in sections
+            else {}
+        )
+        cfg["load"] = (load_before, os.getloadavg())
         text = render(
             args=args,
             cfg=cfg,

@@ -37,7 +37,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from freezeopt.fileio import stdout_to_stderr
 __all__ = ["FastLP", "LpAnswer", "phase2_limit"]
 
 Key = tuple[Action, int]
+Method = Literal["auto", "simplex", "ipm"]
+IPM_FROM = 20000
+"""Actions from which `auto` runs phase 1 by interior point (with crossover) instead of simplex."""
 
 
 def phase2_limit(t1: float, tolerance: float) -> float:
@@ -72,6 +75,8 @@ class LpAnswer:
     solver_seconds: float
     warm: bool
     """True when this answer came from a warm re-solve."""
+    method: str = "simplex"
+    """How phase 1 ran: `simplex` (dual, from the crash or last basis) or `ipm` (with crossover)."""
 
 
 @dataclass(slots=True)
@@ -114,6 +119,7 @@ class FastLP:
         stage_cap: float | None,
         tolerance: float = 0.0,
         threads: int = 1,
+        method: Method = "auto",
     ) -> None:
         self.keys = list(keys)
         self.loss = dict(loss)
@@ -122,8 +128,10 @@ class FastLP:
         self.stage_cap = stage_cap
         self.tolerance = tolerance
         self.threads = threads
+        self.method = method
         self.groups = sorted({(a.stage, g) for a, g in self.keys})
         self._h: Any = None
+        self._basis1: Any = None
         self._solved = False
         self.info: dict[str, float] = {}
         self._build(dag)
@@ -365,8 +373,13 @@ class FastLP:
         h = self._h
         deadline = time.perf_counter() + time_limit
         t0 = time.perf_counter()
-        if not warm:
+        ipm = not warm and (self.method == "ipm" or (self.method == "auto" and self._n >= IPM_FROM))
+        if ipm:
+            h.clearSolver()
+        elif not warm:
             h.setBasis(self._crash_basis())
+        elif self._basis1 is not None:
+            h.setBasis(self._basis1)
         # phase 1: minimise T
         ncol = self._ncol
         every = np.arange(ncol, dtype=np.int32)
@@ -374,9 +387,11 @@ class FastLP:
         c1[self._col_T] = 1.0
         h.changeColsCost(ncol, every, c1)
         h.changeColBounds(self._col_T, 0.0, h.getInfinity())
-        h.setOptionValue("solver", "simplex")
+        h.setOptionValue("solver", "ipm" if ipm else "simplex")
         h.setOptionValue("simplex_strategy", 1)
         it1 = self._run(deadline, phase=1)
+        h.setOptionValue("solver", "simplex")
+        self._basis1 = h.getBasis()
         sol = h.getSolution().col_value
         t1 = float(sol[self._col_T])
         # phase 2: minimise signal with T bounded; phase 1's basis stays primal feasible
@@ -403,6 +418,7 @@ class FastLP:
             build_seconds=0.0 if warm else self.build_seconds,
             solver_seconds=solver_s,
             warm=warm,
+            method="ipm" if ipm else "simplex",
         )
 
     def _run(self, deadline: float, *, phase: int) -> int:
@@ -514,6 +530,7 @@ class FastLP:
             build_seconds=update_s,
             solver_seconds=ans.solver_seconds,
             warm=ans.warm,
+            method=ans.method,
         )
 
     def _reductions_hold(
