@@ -1,7 +1,8 @@
 # freezeopt — every target installs what it needs into a local venv first.
 #   make demo    profile the built-in job for real → solve → train with the schedule → Gantt (files in out/)
 #   make test    the test suite
-#   make bench   solver benchmarks → benchmarks/solver.md; policies compared → benchmarks/RESULTS.md
+#   make bench   solver benchmarks → benchmarks/solver.md; policies compared → benchmarks/RESULTS.md;
+#                online re-planning after a stage slows down → benchmarks/replan.md
 #   make reliability  fuzzing (>10,000 cases) and fault injection → benchmarks/reliability.md
 #   make lint    ruff + mypy
 PYTHON ?= python3
@@ -39,6 +40,7 @@ demo: install
 bench: install
 	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver.md
 	$(BIN)/python benchmarks/bench_compare.py --out benchmarks/RESULTS.md --steps 120 --repeats 3 --sweep 0.2
+	$(BIN)/python benchmarks/bench_replan.py --out benchmarks/replan.md --rounds 3
 
 reliability: install
 	$(BIN)/python benchmarks/reliability.py --out benchmarks/reliability.md

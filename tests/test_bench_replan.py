@@ -1,0 +1,35 @@
+"""`benchmarks/bench_replan.py` runs end to end on a short setting and writes its table (no timing checks)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_replan.py"
+
+
+@pytest.mark.slow
+def test_short_replan_bench_writes_its_table(tmp_path: Path) -> None:
+    out = tmp_path / "replan.md"
+    args = ["--rounds", "1", "--steps", "10", "--slow-from", "4", "--replan-every", "3"]
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--work", str(tmp_path / "w"), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = out.read_text()
+    assert "Command: `python benchmarks/bench_replan.py --rounds 1 --steps 10" in text
+    assert "| kept | " in text and "| replan | " in text
+    assert "| 0 | kept | " in text and "| 0 | replan | " in text
+    # the replan arm re-planned after step 5 (3 measured steps from step 3, (5 + 1) % 3 == 0)
+    assert "- replan-0 step " in text and "triggered after step 5)" in text
+    assert "- kept-0 step" not in text  # the kept arm never re-plans
+    assert (tmp_path / "w" / "replan-0" / "replans").is_dir()
+    assert not (tmp_path / "w" / "kept-0" / "replans").exists()
