@@ -790,6 +790,8 @@ def render(
     started: str,
     wall: float,
 ) -> str:
+    from freezeopt.lp_fast import IPM_FROM
+
     m, v = _machine(), _versions()
     L: list[str] = ["# Solver benchmarks", ""]
     if args.quick:
@@ -832,7 +834,7 @@ def render(
             "- **lp, arrays → HiGHS** — `freezeopt.lp_fast.FastLP` (what `solve --mode lp --solver "
             "highs` runs): the LP as numpy arrays passed to highspy, implied edges left out, dual "
             "simplex from the crash basis for phase 1 (interior point with crossover from "
-            "20 000 actions), primal simplex for phase 2. build s = arrays and model, solve s = both "
+            f"{IPM_FROM} actions), primal simplex for phase 2. build s = arrays and model, solve s = both "
             "phases, total s = both. pivots = simplex pivots of phase 1 + phase 2.",
             f"- **lp, warm re-solve** — the same model re-solved in place after the action and group "
             f"costs of every {WARM_EVERY}th stage (0, {WARM_EVERY}, …) rose by "

@@ -108,6 +108,27 @@ def test_fast_lp_equals_both_solvers(schedule: str, budget: float) -> None:
         assert ans.signal == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+def test_interior_point_phase_one_gives_the_same_answer(schedule: str) -> None:
+    """Large DAGs run phase 1 by interior point (and crossover); same optimum, warm re-solve too."""
+    p = make_profile(schedule=schedule, ranks=3, microbatches=6, groups=3, seed=2)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="lp", budget=0.15, stage_cap=0.8)
+    signal = estimate_signal(p, opts.sensitivity)
+    simplex = FastLP.for_problem(dag, signal, opts).solve()
+    f = FastLP.for_problem(dag, signal, opts)
+    f.method = "ipm"
+    ipm = f.solve()
+    assert (simplex.method, ipm.method) == ("simplex", "ipm")
+    assert ipm.t1 == pytest.approx(simplex.t1, rel=1e-6)
+    assert ipm.signal == pytest.approx(simplex.signal, rel=1e-6, abs=1e-9)
+    dag2 = _perturbed(dag, seed=1)
+    again = f.resolve(dag2)
+    cold = FastLP.for_problem(dag2, signal, opts).solve()
+    assert again.t1 == pytest.approx(cold.t1, rel=1e-6)
+    assert again.signal == pytest.approx(cold.signal, rel=1e-6, abs=1e-9)
+
+
 def test_same_rank_edges_are_left_out_and_cross_rank_kept() -> None:
     """F → B and I → W on one rank follow from program order; lagged cross-rank edges stay."""
     p = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4, groups=2, lag_ms=1.0)
