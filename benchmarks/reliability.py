@@ -7,8 +7,14 @@ Three parts:
 * edge faults — solver missing or failing, full disk, files that try to run code
   (tests/test_faults.py), run through pytest and counted from its JUnit report;
 * distributed faults — real multi-process runs of `freezeopt profile` with a rank that crashes,
-  is killed (SIGKILL), or hangs, and a rendezvous port already in use: time to detect, the
-  error, no profile written, no process left behind.
+  is killed (SIGKILL), or hangs, a rendezvous port already in use, and freezeopt itself told to
+  stop (SIGTERM) or killed (SIGKILL): time to detect, the error, no profile written, no process
+  left behind;
+* training faults — real `freezeopt train` runs of the built-in job replaying a solved schedule,
+  each with one fault (exploding loss, NaN loss, corrupted batches, a slowed stage, a damaged
+  checkpoint under a rollback, a crashed rank then `--resume`, a damaged newest checkpoint then
+  `--resume`): when it was caught, what the controller did, the steps lost, and the final
+  validation loss against the no-fault run's, within the schedule's budget.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -156,7 +163,10 @@ def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
         "## Distributed faults (`freezeopt profile`, 2 ranks, gloo)",
         "",
         "A real 2-rank profile of a small tiny-gpt with a fault injected in one rank. Checked: the error "
-        "names the rank and cause, no profile file is written, and no rank process outlives the call.",
+        "names the rank and cause, no profile file is written, and no rank process outlives the call. "
+        "`parent-sigterm` / `parent-sigkill`: `freezeopt profile` in its own process is sent SIGTERM "
+        "(it must stop its ranks, exit 143 with one line) or SIGKILL (the kernel must end its ranks); "
+        "the time is from the signal until no rank is left.",
         "",
         "| fault | detected in | error | file written | processes left |",
         "|---|---:|---|---|---:|",
@@ -168,6 +178,16 @@ def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
         t0 = time.perf_counter()
         taken = None
         try:
+            if fault.startswith("parent-"):  # freezeopt itself told to stop, or killed
+                import signal
+
+                sig = signal.SIGTERM if fault == "parent-sigterm" else signal.SIGKILL
+                msg, good, n_left, dt_sig = _parent_signal(tmp, job, sig)
+                ok = ok and good
+                lines.append(
+                    f"| `{fault}` | {dt_sig:.1f} s | {msg[:140]} | {'yes' if (tmp / 'long.json').exists() else 'no'} | {n_left} |"
+                )
+                continue
             if fault == "port-in-use":  # the rendezvous port is already bound by someone else
                 import socket
 
@@ -199,24 +219,291 @@ def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
     return lines, ok
 
 
+def _parent_signal(tmp: Path, job: object, sig: int) -> tuple[str, bool, int, float]:
+    """`freezeopt profile` in its own process, sent `sig` once both ranks run: (message, handled,
+    ranks left alive after 10 s, seconds from the signal until no rank is left)."""
+    import signal
+
+    import yaml
+
+    from freezeopt.job import replace_job
+
+    spec = tmp / "long.yaml"
+    spec.write_text(yaml.safe_dump(replace_job(job, measure_steps=10_000).to_dict()))  # type: ignore[arg-type]
+    out = tmp / "long.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "freezeopt", "profile", str(spec), "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    ranks: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        ranks = _children_of(proc.pid)
+    time.sleep(3)
+    t0 = time.perf_counter()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    while _alive(ranks) and time.perf_counter() - t0 < 10:
+        time.sleep(0.1)
+    dt = time.perf_counter() - t0
+    left = len(_alive(ranks))
+    text = err.decode(errors="replace").strip().splitlines()
+    last = text[-1] if text else f"exit {proc.returncode}"
+    if sig == signal.SIGKILL:
+        msg = f"parent killed (exit {proc.returncode}); ranks ended by the kernel"
+        good = len(ranks) == 2 and left == 0
+    else:
+        msg = f"exit {proc.returncode}: {last}"
+        good = (
+            len(ranks) == 2
+            and proc.returncode == 128 + sig
+            and "Traceback" not in err.decode(errors="replace")
+            and left == 0
+        )
+    return msg, good and not out.exists(), left, dt
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z" and b"resource_tracker" not in cmd:
+                out.append(int(d.name))
+    return out
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for p in pids:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(p)
+    return alive
+
+
+TRAIN_FAULTS = (  # (name, fault, what it stands for, extra train options)
+    ("none", "", "the reference: no fault", {}),
+    ("exploding loss", "lr_spike:step=50,factor=1000", "one step with 1000× the learning rate", {}),
+    ("NaN loss", "nan_loss:step=50", "the loss of one step is NaN", {}),
+    ("corrupted batches", "corrupt_batch:step=50,steps=3", "3 batches of random bytes", {}),
+    (
+        "slowed stage",
+        "slow:stage=1,ms=40,step=50",
+        "stage 1 spins 40 ms per action from step 50",
+        {},
+    ),
+    (
+        "damaged checkpoint",
+        "corrupt_checkpoint:step=60,rank=1;nan_loss:step=60",
+        "rank 1's newest checkpoint file damaged, then a NaN loss (rollback)",
+        {},
+    ),
+)
+
+
+def training_section(tmp: Path, steps: int) -> tuple[list[str], bool]:
+    """Real training runs of the built-in job with one fault each (module docstring)."""
+    import shutil
+
+    from freezeopt.errors import FreezeoptError
+    from freezeopt.faults import damage_file
+    from freezeopt.job import load_job
+    from freezeopt.profile import profile_job
+    from freezeopt.schedule import Phases
+    from freezeopt.solve import SolveOptions
+    from freezeopt.train import train_job
+    from freezeopt.workflow import solve_file
+
+    job = load_job("tiny-gpt")
+    prof, sched = tmp / "tiny-gpt.json", tmp / "tiny-gpt.yaml"
+    profile_job(job, out=prof, progress=False)
+    budget = 0.1
+    solve_file(
+        prof, SolveOptions(mode="milp", budget=budget), phases=Phases(warmup_steps=10), out=sched
+    )
+    common = {
+        "schedule_path": sched,
+        "steps": steps,
+        "progress": False,
+        "rollback": True,
+        "checkpoint_every": 20,
+        "val_every": 20,
+    }
+    lines = [
+        "## Training faults (`freezeopt train`, built-in job, 2 ranks)",
+        "",
+        f"The built-in job (tiny-gpt, 1F1B, 2 ranks) profiled, solved at budget {budget} "
+        f"(`milp`, 10 full-update warm-up steps) and trained {steps} steps with `--rollback`, "
+        "a checkpoint every 20 steps and validation every 20, once per fault. A run passes when "
+        "the fault is caught (a drift, a detected corruption or a named failure), nothing raises a "
+        "traceback, and its final validation loss keeps at least (1 − budget) of the no-fault run's "
+        "progress: `val ≤ val_ref + budget · (val_start − val_ref)`, with `val_start` the loss at "
+        "step 0 (from the profile: same seed, same initial weights). `caught` is the step of the first "
+        "drift or corruption event at or after the fault; `before` counts drifts earlier than that "
+        "(the step-time rule on a busy machine, say), which fall back but never roll back.",
+        "",
+        "| fault | injected | caught at | rules / events from then on | drifts before | fallbacks | rollbacks | steps lost | val loss | no-fault val | limit | result |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    ok = True
+    ref_val = start_val = None
+    doc = json.loads(prof.read_text())  # the validation loss before any training (same init)
+    at = doc["extra"].get("val_loss_at_step", [])
+    start_val = doc["val_loss"][0] if at and at[0] == 0 else None
+    for name, fault, what, extra in TRAIN_FAULTS:
+        out = tmp / f"train-{name.replace(' ', '-')}"
+        rep = train_job(job, out_dir=out, fault=fault or None, **common, **extra)
+        caught, rules = _caught(rep.events, _fault_step(fault))
+        val = rep.val_loss
+        if name == "none":
+            ref_val = val
+        limit = _limit(ref_val, start_val, budget)
+        good = val is not None and limit is not None and val <= limit
+        good = good and (name == "none" or caught is not None)
+        ok = ok and good
+        lines.append(
+            f"| {name} | `{fault or '—'}` ({what}) | {caught if caught is not None else '—'} | "
+            f"{rules or '—'} | {_before(rep.events, _fault_step(fault) if fault else steps)} | "
+            f"{rep.fallbacks} | {rep.rollbacks} | 0 | {_f(val)} | {_f(ref_val)} | "
+            f"{_f(limit)} | {'pass' if good else 'FAIL'} |"
+        )
+    # a crashed rank, then --resume; and a damaged newest checkpoint found by --resume
+    for name, damage in (
+        ("crashed rank, resumed", False),
+        ("crash + damaged checkpoint, resumed", True),
+    ):
+        out = tmp / f"train-{'crash-damaged' if damage else 'crash'}"
+        fault = "crash:rank=1,step=65"
+        try:
+            train_job(job, out_dir=out, fault=fault, **common)
+            msg = "no error raised"
+        except FreezeoptError as e:
+            msg = str(e)
+        if damage:
+            newest = sorted((out / "checkpoints").glob("step-*"))[-1]
+            damage_file(newest / "rank1.pt")
+        rep = train_job(job, out_dir=out, resume=True, **common)
+        lost = 65 - rep.start_step
+        _, rules = _caught(rep.events, rep.start_step)
+        val = rep.val_loss
+        limit = _limit(ref_val, start_val, budget)
+        good = (
+            msg.startswith("rank 1 ")
+            and "\n" not in msg
+            and val is not None
+            and limit is not None
+            and val <= limit
+            and lost <= (45 if damage else 25)
+        )
+        ok = ok and good
+        evs = "resume" + (f", {rules}" if rules else "")
+        lines.append(
+            f"| {name} | `{fault}`{' + rank 1 file of the newest checkpoint damaged' if damage else ''} | "
+            f"65 (launcher) | {evs} | — | {rep.fallbacks} | {rep.rollbacks} | "
+            f"{lost} (resumed at {rep.start_step}) | {_f(val)} | {_f(ref_val)} | {_f(limit)} | "
+            f"{'pass' if good else 'FAIL'} |"
+        )
+        shutil.rmtree(out, ignore_errors=True)
+    lines += [
+        "",
+        "`steps lost`: steps trained again after a resume (the crash step minus the checkpoint "
+        "resumed from); a rollback keeps the step count and restores the weights of the newest "
+        "intact checkpoint instead.",
+        "",
+    ]
+    return lines, ok
+
+
+def _fault_step(fault: str) -> int:
+    steps = [int(m) for m in re.findall(r"step=(\d+)", fault)]
+    return min(steps) if steps else 0
+
+
+def _caught(events: tuple[dict, ...], since: int) -> tuple[int | None, str]:
+    """The step of the first drift or corruption event from step `since` on, and what fired from
+    then on (gradient-spike rules summed up over groups)."""
+    late = [e for e in events if e["step"] >= since]
+    hits = [e for e in late if e["event"] in ("drift", "checkpoint_corrupt")]
+    names = [r for e in hits for r in e.get("rules", ["checkpoint_corrupt"])]
+    spikes = {r for r in names if r.startswith("grad_norm_spike:")}
+    rules = {r for r in names if r not in spikes}
+    if spikes:
+        rules.add(f"grad_norm_spike ({len(spikes)} groups)")
+    rules |= {e["event"] for e in late if e["event"] in ("rollback", "rollback_skipped")}
+    return (hits[0]["step"] if hits else None), ", ".join(sorted(rules))
+
+
+def _before(events: tuple[dict, ...], step: int) -> int:
+    return sum(1 for e in events if e["event"] == "drift" and e["step"] < step)
+
+
+def _limit(ref: float | None, start: float | None, budget: float) -> float | None:
+    if ref is None or start is None:
+        return None
+    return ref + budget * (start - ref)
+
+
+def _f(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reliability.md")
     ap.add_argument("--examples", type=int, default=2500, help="hypothesis examples per fuzz test")
+    ap.add_argument("--train-steps", type=int, default=100, help="steps per training-fault run")
+    ap.add_argument(
+        "--only", default="fuzz,edge,distributed,training", help="sections to run (comma-separated)"
+    )
     args = ap.parse_args()
-    faults = ["crash:rank=1,step=2", "kill:rank=1,step=2", "hang:rank=1,step=1", "port-in-use"]
+    only = set(args.only.split(","))
+    faults = [
+        "crash:rank=1,step=2",
+        "kill:rank=1,step=2",
+        "hang:rank=1,step=1",
+        "port-in-use",
+        "parent-sigterm",
+        "parent-sigkill",
+    ]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         t0 = time.perf_counter()
-        fuzz, ok1 = fuzz_section(args.examples, tmp)
-        edge, ok2 = faults_section(tmp)
-        dist, ok3 = distributed_section(tmp, faults)
+        skipped: list[str] = []
+        fuzz, ok1 = fuzz_section(args.examples, tmp) if "fuzz" in only else (skipped, True)
+        edge, ok2 = faults_section(tmp) if "edge" in only else (skipped, True)
+        dist, ok3 = distributed_section(tmp, faults) if "distributed" in only else (skipped, True)
+        train, ok4 = (
+            training_section(tmp, args.train_steps) if "training" in only else (skipped, True)
+        )
+        ok3 = ok3 and ok4
+        dist = dist + train
         wall = time.perf_counter() - t0
     head = [
         "# Reliability report",
         "",
         f"Written by `make reliability` (`python benchmarks/reliability.py --examples {args.examples}`) in "
-        f"{wall / 60:.1f} min on {os.cpu_count()} cores. Verdict: "
+        f"{wall / 60:.1f} min on {os.cpu_count()} cores, at commit {_commit()} on {time.strftime('%Y-%m-%d')} "
+        f"(load average at the end {os.getloadavg()[0]:.1f}). Verdict: "
         f"**{'all fault classes handled' if ok1 and ok2 and ok3 else 'FAILURES — see below'}** "
         "(zero tracebacks, zero partial files).",
         "",
