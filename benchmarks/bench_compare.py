@@ -68,7 +68,18 @@ def main() -> int:
     ap.add_argument(
         "--sweep-cases", default="tiny-gpt-1f1b", help="cases that also run the budget sweep"
     )
+    ap.add_argument(
+        "--policies", default=",".join(POLICIES), help="policies to run (none is always first)"
+    )
     args = ap.parse_args()
+    policies = tuple(p for p in args.policies.split(",") if p)
+    if "none" not in policies or any(p not in POLICIES for p in policies):
+        bad = next((p for p in policies if p not in POLICIES), "none missing")
+        print(
+            f"error: --policies: {bad!r}; use none plus any of {', '.join(POLICIES)}",
+            file=sys.stderr,
+        )
+        return 2
     wanted = [c for c in args.cases.split(",") if c]
     unknown = [c for c in wanted if c not in names]
     if unknown:
@@ -80,7 +91,7 @@ def main() -> int:
         print(f"error: --sweep {args.sweep!r}: write budgets like 0.05,0.2", file=sys.stderr)
         return 2
     opts = CompareOptions(
-        policies=POLICIES,
+        policies=tuple(p for p in POLICIES if p in policies),
         steps=args.steps,
         warmup_steps=10,
         budget=args.budget,
