@@ -152,15 +152,28 @@ def main() -> int:
     pooled: dict[str, dict[str, list[float]]] = {a: {"slow": [], "switch": []} for a in ARMS}
     for run in runs:
         a, b = times(run, args.slow_from), times(run, first_switch)
+        before = [
+            s["step_ms"]
+            for s in run["steps"]
+            if s["freezing"] and args.warmup_steps <= s["step"] < args.slow_from
+        ]
         pooled[run["arm"]]["slow"] += a
         pooled[run["arm"]]["switch"] += b
         other = "n/a" if run["other_cpu"] is None else f"{run['other_cpu']:.2f}"
         rows.append(
-            f"| {run['round']} | {run['arm']} | {_fmt(_median(a))} | {_fmt(_median(b))} | "
-            f"{len(run['replan_steps'])} | {', '.join(map(str, run['replan_steps'])) or '-'} | "
-            f"{other} |"
+            f"| {run['round']} | {run['arm']} | {_fmt(_median(before))} | {_fmt(_median(a))} | "
+            f"{_spread(a)} | {_fmt(_median(b))} | {len(run['replan_steps'])} | "
+            f"{', '.join(map(str, run['replan_steps'])) or '-'} | {other} |"
         )
     summary = {a: {k: _median(v) for k, v in d.items()} for a, d in pooled.items()}
+    kept_sw, re_sw = summary["kept"]["switch"], summary["replan"]["switch"]
+    verdict = (
+        "n/a (no re-plan took effect)"
+        if kept_sw is None or re_sw is None
+        else f"{re_sw - kept_sw:+.1f} ms ({(re_sw - kept_sw) / kept_sw * 100:+.1f} %); the p10–p90 "
+        f"spread of single steps is {_spread(pooled['kept']['switch'])} ms (kept) and "
+        f"{_spread(pooled['replan']['switch'])} ms (replan)"
+    )
     load_after = load_avg()
     lines = [
         "# Online re-planning after a stage slows down (tiny-gpt, 1F1B, 2 ranks)",
@@ -189,11 +202,13 @@ def main() -> int:
         "|---|---|---|",
         *(f"| {a} | {_fmt(summary[a]['slow'])} | {_fmt(summary[a]['switch'])} |" for a in ARMS),
         "",
+        f"Difference from the first re-plan on (replan − kept, pooled medians): {verdict}.",
+        "",
         "Per run:",
         "",
-        "| round | arm | median from the slowdown | median from the first re-plan | re-plans "
-        "| re-plan steps | other processes' cores |",
-        "|---|---|---|---|---|---|---|",
+        "| round | arm | median before the slowdown | median from the slowdown | p10–p90 "
+        "| median from the first re-plan | re-plans | re-plan steps | other processes' cores |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         "Re-plans (predicted step time on the measured costs, old plan → new plan):",
@@ -222,6 +237,13 @@ def main() -> int:
     atomic_write_text(args.out, "\n".join(lines))
     print("\n".join(lines))
     return 0
+
+
+def _spread(xs: list[float]) -> str:
+    if len(xs) < 2:
+        return "n/a"
+    q = statistics.quantiles(xs, n=10)
+    return f"{q[0]:.0f}–{q[-1]:.0f}"
 
 
 def _load(x: tuple[float, float, float] | None) -> str:
