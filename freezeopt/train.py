@@ -378,7 +378,9 @@ def format_train_report(report: TrainReport) -> str:
             lines.append(
                 f"  step {e['step']}: {e['event']} ({e['reason']}, triggered after step "
                 f"{e['trigger_step']}): predicted {e['old_predicted_ms']:.1f} ms (old plan) → "
-                f"{e['new_predicted_ms']:.1f} ms on the measured costs; {e['file']}"
+                f"{e['new_predicted_ms']:.1f} ms on the measured costs"
+                + ("" if e["event"] == "replan" else f", kept the old plan ({e['why']})")
+                + f"; {e['file']}"
             )
         elif e["event"] == "replan_failed":
             lines.append(f"  step {e['step']}: replan_failed ({e['error']})")
@@ -386,8 +388,10 @@ def format_train_report(report: TrainReport) -> str:
             detail = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("event", "step"))
             lines.append(f"  step {e['step']}: {e['event']} ({detail})")
     lines += [f"warning: {w}" for w in r.warnings]
+    replans = any(e["event"] in ("replan", "replan_rejected") for e in r.events)
     lines.append(
         f"files in {r.out_dir}: report.json, events.jsonl, metrics.jsonl, actions.json, checkpoints/"
+        + (", replans/" if replans else "")
     )
     return "\n".join(lines)
 

@@ -25,7 +25,7 @@ from freezeopt.replan import CostWindow, measured_dag, skipped_ms
 from freezeopt.runtime import FreezeController
 from freezeopt.schedule import load_schedule, parse_microbatches
 from freezeopt.synth import SynthOptions, synth_profile
-from freezeopt.train import TrainReport, train_job
+from freezeopt.train import TrainReport, format_train_report, train_job
 from freezeopt.workflow import validate_files
 from tests.test_train import SMALL, events, metrics, small_job, write_schedule
 
@@ -141,6 +141,9 @@ def test_periodic_replan_moves_freezing_to_a_slowed_stage(
         e["step"] for e in evs if e["event"] == "replan" and e["step"] < 10
     )
     assert evs == [e for e in events(tmp_path / "run") if e["event"].startswith("replan")]
+    text = format_train_report(rep)
+    assert f"{rep.replans} re-plans" in text and text.endswith(", replans/")
+    assert f"step {evs[0]['step']}: replan (every, triggered after step 3)" in text
     # the plan version each step ran, as rank 0 logged it, switches exactly at the re-plan steps
     plans = [(m["step"], m["plan"]) for m in metrics(tmp_path / "run") if "plan" in m]
     switched = [s for (s, v), (_, u) in zip(plans[1:], plans, strict=False) if v != u]
