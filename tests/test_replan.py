@@ -181,15 +181,45 @@ def _profile_baseline(profile: Path) -> float:
     return simulate(build_dag(load_profile(profile))).makespan
 
 
-def _assert_actions_follow(rep: TrainReport, sched: Any) -> None:
+def _assert_actions_follow(rep: TrainReport, sched: Any, kind: str = "B") -> None:
     want: dict[str, set[str]] = {}
     n = sched.pipeline.n_microbatches
     for s, groups in sched.frozen.items():
         for name, mbs in groups.items():
             for m in parse_microbatches(mbs, n):
-                want.setdefault(f"{s}B{m}", set()).add(name)
+                want.setdefault(f"{s}{kind}{m}", set()).add(name)
     got = {a["action"]: set(a["frozen"]) for a in rep.actions if a["frozen"]}
     assert got == want  # rank 0's actions (stage 0) and rank 1's (stage 1) alike
+
+
+@pytest.mark.slow
+def test_replan_on_a_split_backward_schedule(tmp_path: Path) -> None:
+    """ZBVZeroBubble (I and W actions, 4 stages on 2 ranks): the skipped work is added back to the
+    `W` actions, the re-plan fits the pipeline, and both ranks run it."""
+    from freezeopt.profile import profile_job
+
+    job = small_job(schedule="ZBVZeroBubble", stages_per_rank=2)
+    profile_job(job, out=tmp_path / "p.json", progress=False)
+    sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-3"}})
+    rep = train_job(
+        job,
+        schedule_path=sched,
+        profile_path=tmp_path / "p.json",
+        replan_every=4,
+        steps=10,
+        out_dir=tmp_path / "run",
+        fault="slow:stage=2,ms=20,step=0",
+        progress=False,
+    )
+    evs = [e for e in rep.events if e["event"] == "replan"]
+    assert evs and evs[0]["trigger_step"] == 3
+    assert rep.replan_steps == tuple(e["step"] for e in evs if e["step"] < 10)
+    new = load_schedule(Path(evs[0]["file"]))
+    validate_files(Path(evs[0]["file"]), tmp_path / "p.json")
+    assert _frozen_mbs(new, 2) > 0  # the slowed stage gets frozen work
+    assert evs[0]["new_predicted_ms"] < evs[0]["old_predicted_ms"]
+    last = [e for e in evs if e["step"] < 10][-1]
+    _assert_actions_follow(rep, load_schedule(Path(last["file"])), kind="W")
 
 
 @pytest.mark.slow
