@@ -48,10 +48,13 @@ def run_pytest(
         f"--junitxml={junit}",
         *args,
     ]
-    rc = subprocess.run(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    ).returncode
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    rc = proc.returncode
     results: dict[str, tuple[str, float]] = {}
+    if not junit.exists():  # pytest never got to write its report: say why, not a traceback
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [f"exit {rc}"]
+        results[f"pytest {' '.join(args)} (no report: {tail[0][:120]})"] = ("FAILED", 0.0)
+        return rc or 1, results
     for case in ET.parse(junit).getroot().iter("testcase"):
         outcome = "passed"
         for child in case:
