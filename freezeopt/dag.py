@@ -91,7 +91,9 @@ def build_dag(profile: Profile) -> PipelineDag:
         raise InputError(
             f"profile lists stages {[s.stage for s in profile.stages]}; expected 0..{n_st - 1} in order"
         )
-    if [r.rank for r in profile.ranks] != list(range(pipe.world_size)):
+    if len(profile.ranks) != pipe.world_size or [r.rank for r in profile.ranks] != list(
+        range(pipe.world_size)
+    ):
         raise InputError(
             f"profile lists ranks {[r.rank for r in profile.ranks]}; expected 0..{pipe.world_size - 1} in order"
         )

@@ -46,6 +46,10 @@ __all__ = [
 
 PROFILE_VERSION = 1
 PROFILE_MAX_BYTES = 256 * 2**20
+MAX_RANKS = 2**16
+"""Largest world size and stage count a file may claim (far above any real pipeline; a bound so a
+mutated number cannot make a checker allocate without limit)."""
+MAX_MICROBATCHES = 2**20
 _CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 NonNeg = Annotated[float, Field(ge=0)]
 Count = Annotated[int, Field(ge=0)]
@@ -172,11 +176,11 @@ class Pipeline:
     __pydantic_config__ = _CONFIG
     schedule: Annotated[str, Field(min_length=1)]
     """torch schedule name (e.g. `1F1B`, `ZBVZeroBubble`) or `csv:<file name>` for a custom order."""
-    world_size: Annotated[int, Field(ge=1)]
+    world_size: Annotated[int, Field(ge=1, le=MAX_RANKS)]
     """Number of pipeline ranks."""
-    n_stages: Annotated[int, Field(ge=1)]
+    n_stages: Annotated[int, Field(ge=1, le=MAX_RANKS)]
     """Number of stages (model chunks) over all ranks."""
-    n_microbatches: Annotated[int, Field(ge=1)]
+    n_microbatches: Annotated[int, Field(ge=1, le=MAX_MICROBATCHES)]
     """Microbatches per optimizer step."""
     microbatch_size: Annotated[int, Field(ge=1)] = 1
     """Samples per microbatch."""

@@ -23,7 +23,7 @@ from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, MismatchError
 from freezeopt.fileio import atomic_write_text, load_yaml_file
-from freezeopt.profile_file import Profile
+from freezeopt.profile_file import MAX_MICROBATCHES, MAX_RANKS, Profile
 from freezeopt.solve import SolveOptions, SolveResult
 
 __all__ = [
@@ -88,9 +88,9 @@ class SchedulePipeline:
     __pydantic_config__ = _CONFIG
     schedule: str
     """torch schedule name or `csv:<file>`."""
-    world_size: Annotated[int, Field(ge=1)]
-    n_stages: Annotated[int, Field(ge=1)]
-    n_microbatches: Annotated[int, Field(ge=1)]
+    world_size: Annotated[int, Field(ge=1, le=MAX_RANKS)]
+    n_stages: Annotated[int, Field(ge=1, le=MAX_RANKS)]
+    n_microbatches: Annotated[int, Field(ge=1, le=MAX_MICROBATCHES)]
     stage_to_rank: tuple[Annotated[int, Field(ge=0)], ...]
     """Rank of each stage."""
     groups: tuple[tuple[str, ...], ...]

@@ -54,6 +54,9 @@ def _data():
         (lambda d: d["pipeline"].update(n_microbatches="many"), "pipeline.n_microbatches"),
         (lambda d: d.update(bogus=2), "invalid profile at bogus"),
         (lambda d: d["stages"][0]["groups"][0].update(name=""), "at least 1 character"),
+        # found by the fuzz suite: a huge count made the DAG check allocate until killed
+        (lambda d: d["pipeline"].update(world_size=10**12), "pipeline.world_size"),
+        (lambda d: d["pipeline"].update(n_microbatches=2**40), "pipeline.n_microbatches"),
     ],
 )
 def test_bad_profiles(tmp_path: Path, mutate, msg: str) -> None:
