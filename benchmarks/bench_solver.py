@@ -49,6 +49,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "BENCH-RESULT "
+PARTIAL = "BENCH-PARTIAL "  # a child's results so far, used if it is killed later
 SOLVER_LABEL = {"cbc": "CBC", "highs": "HiGHS"}
 SCHEDULE_LABEL = {"1F1B": "1F1B", "Interleaved1F1B": "Interleaved1F1B", "ZBVZeroBubble": "ZBV"}
 MULTI_STAGE = ("Interleaved1F1B", "ZBVZeroBubble")  # two stages per rank
@@ -183,6 +184,8 @@ def _run_fast(case: dict[str, Any], profile: Any, dag: Any) -> dict[str, Any]:
         "method": a.method,
         "size": dict(lp.info),
     }
+    partial = {**out, "actions": len(dag.order), "rss_self_kb": _status_kb(os.getpid())}
+    print(PARTIAL + json.dumps(partial), flush=True)
     dag2 = _perturbed(dag)
     t1 = time.perf_counter()
     c1 = time.process_time()
@@ -451,7 +454,17 @@ class Runner:
             )
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            stdout, _ = proc.communicate()
+            early = [ln for ln in (stdout or "").splitlines() if ln.startswith(PARTIAL)]
+            if early:  # the cold solve finished before the warm re-solve ran out of time
+                part: dict[str, Any] = json.loads(early[-1][len(PARTIAL) :])
+                part["warm"] = {"timeout_s": timeout}
+                part.update(
+                    outcome="ok",
+                    rss_self_kb=max(py_kb, part.get("rss_self_kb", 0)),
+                    parent_wall_s=time.perf_counter() - t0,
+                )
+                return part
             return {
                 "outcome": "timeout",
                 "timeout_s": timeout,
@@ -1156,6 +1169,12 @@ def _lp_row(
     check = "—"
     if method == "warm":
         w = r["warm"]
+        if "timeout_s" in w:
+            return [
+                *head,
+                *["—"] * 9,
+                f"timeout: the child (cold + warm) was killed after {w['timeout_s']:.0f} s",
+            ]
         if "cold_lp_bound_ms" in w:
             dt = _rel(w["lp_bound_ms"], w["cold_lp_bound_ms"])
             ds = _rel(w["signal_dropped"], w["cold_signal_dropped"])
@@ -1208,6 +1227,8 @@ def _time_verdict(
     """Measured text and PASS/MISS for a time (and memory) target."""
     if r is None:
         return ["not measured (not in this run's sizes)", "—"]
+    if "outcome" not in r and "timeout_s" in r:  # a warm re-solve killed with its child
+        return [f"did not finish in {r['timeout_s']:.0f} s", "MISS"]
     if "outcome" in r and r["outcome"] != "ok":
         if r["outcome"] == "timeout":
             return [f"did not finish in {r['timeout_s']:.0f} s", "MISS"]

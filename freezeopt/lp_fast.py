@@ -30,7 +30,9 @@ primal simplex: a handful of pivots.
 
 Warm re-solve (`FastLP.resolve`): a DAG with the same schedule and new costs (actions, groups,
 lags) updates right-hand sides and coefficients in place and re-runs both phases from the last
-basis. If new costs break an edge reduction, the model is rebuilt (and solved cold).
+basis. If new costs break an edge reduction, the model is rebuilt (and solved cold). From
+`IPM_FROM` actions the warm phase 1 gets a pivot budget (`WARM_PIVOTS` per action); past it the
+model is solved cold by interior point, so a warm re-solve costs at most about a cold one more.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ Key = tuple[Action, int]
 Method = Literal["auto", "simplex", "ipm"]
 IPM_FROM = 10000
 """Actions from which `auto` runs phase 1 by interior point (with crossover) instead of simplex."""
+WARM_PIVOTS = 0.25
+WARM_MIN_PIVOTS = 100
+"""From `IPM_FROM` actions, a warm phase 1 may take this many simplex pivots per action before
+the model is solved cold by interior point instead."""
 
 
 def phase2_limit(t1: float, tolerance: float) -> float:
@@ -375,7 +381,8 @@ class FastLP:
         h = self._h
         deadline = time.perf_counter() + time_limit
         t0 = time.perf_counter()
-        ipm = not warm and (self.method == "ipm" or (self.method == "auto" and self._n >= IPM_FROM))
+        big = self.method == "ipm" or (self.method == "auto" and self._n >= IPM_FROM)
+        ipm = not warm and big
         if ipm:
             h.clearSolver()
         elif not warm:
@@ -391,7 +398,23 @@ class FastLP:
         h.changeColBounds(self._col_T, 0.0, h.getInfinity())
         h.setOptionValue("solver", "ipm" if ipm else "simplex")
         h.setOptionValue("simplex_strategy", 1)
-        it1 = self._run(deadline, phase=1)
+        if warm and big:
+            # On a DAG this size each pivot is dear: the last basis gets WARM_PIVOTS pivots per
+            # action, then the model is solved cold by interior point (a count, not a clock, so
+            # the answer does not depend on the machine's load).
+            budget = max(WARM_MIN_PIVOTS, int(WARM_PIVOTS * self._n))
+            h.setOptionValue("simplex_iteration_limit", budget)
+            try:
+                it1 = self._run(deadline, phase=1, may_stop=True)
+            finally:
+                h.setOptionValue("simplex_iteration_limit", 2**31 - 1)
+            if it1 < 0:
+                h.clearSolver()
+                h.setOptionValue("solver", "ipm")
+                ipm = True
+                it1 = self._run(deadline, phase=1)
+        else:
+            it1 = self._run(deadline, phase=1)
         h.setOptionValue("solver", "simplex")
         self._basis1 = h.getBasis()
         sol = h.getSolution().col_value
@@ -423,7 +446,9 @@ class FastLP:
             method="ipm" if ipm else "simplex",
         )
 
-    def _run(self, deadline: float, *, phase: int) -> int:
+    def _run(self, deadline: float, *, phase: int, may_stop: bool = False) -> int:
+        """Run HiGHS; return the simplex pivots it made (−1: stopped on its pivot limit, when
+        `may_stop`). Raises SolverError when it does not reach optimality."""
         import highspy
 
         h = self._h
@@ -432,11 +457,14 @@ class FastLP:
             raise SolverError(
                 f"the LP relaxation did not solve (time_limit in phase {phase}); raise --time-limit"
             )
-        h.setOptionValue("time_limit", float(min(left, 1e30)))
+        # HiGHS compares time_limit with its run time summed over every run of this model
+        h.setOptionValue("time_limit", float(min(h.getRunTime() + left, 1e30)))
         before = h.getInfo().simplex_iteration_count
         with stdout_to_stderr():
             h.run()
         status = h.getModelStatus()
+        if may_stop and status == highspy.HighsModelStatus.kIterationLimit:
+            return -1
         if status != highspy.HighsModelStatus.kOptimal:
             what = h.modelStatusToString(status)
             hint = (

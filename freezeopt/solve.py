@@ -411,7 +411,9 @@ class _Model:
                 sol.col_value = values
                 sol.value_valid = True
                 h.setSolution(sol)
-            h.setOptionValue("time_limit", max(0.5, _left(deadline)))
+            # HiGHS compares time_limit with its run time summed over every run of this model:
+            # phase 1's time counts, so add it
+            h.setOptionValue("time_limit", h.getRunTime() + max(0.5, _left(deadline)))
             if not h.getLp().integrality_:
                 h.setOptionValue("solver", "simplex")  # re-use phase 1's basis
             with stdout_to_stderr():

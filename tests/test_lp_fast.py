@@ -129,6 +129,32 @@ def test_interior_point_phase_one_gives_the_same_answer(schedule: str) -> None:
     assert again.signal == pytest.approx(cold.signal, rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.parametrize("pivots", [0, 10**6])
+def test_large_warm_resolve_falls_back_to_a_cold_interior_point(
+    pivots: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its pivot budget a warm phase 1 on a large DAG is solved cold; same answer."""
+    import freezeopt.lp_fast as lp_fast
+
+    monkeypatch.setattr(lp_fast, "WARM_PIVOTS", float(pivots))
+    monkeypatch.setattr(lp_fast, "WARM_MIN_PIVOTS", 0)
+    p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=2, seed=4)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="lp", budget=0.1)
+    signal = estimate_signal(p, opts.sensitivity)
+    m = _Model(dag, signal, opts)
+    f = FastLP(
+        dag, keys=m.keys, loss=m.loss, kmax=m.kmax, budget=opts.budget, stage_cap=None, method="ipm"
+    )
+    f.solve()
+    dag2 = _perturbed(dag, seed=3)
+    again = f.resolve(dag2)
+    assert again.warm and again.method == ("ipm" if pivots == 0 else "simplex")
+    cold = FastLP.for_problem(dag2, signal, opts).solve()
+    assert again.t1 == pytest.approx(cold.t1, rel=1e-6)
+    assert again.signal == pytest.approx(cold.signal, rel=1e-6, abs=1e-9)
+
+
 def test_same_rank_edges_are_left_out_and_cross_rank_kept() -> None:
     """F → B and I → W on one rank follow from program order; lagged cross-rank edges stay."""
     p = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4, groups=2, lag_ms=1.0)
