@@ -56,7 +56,7 @@ Key = tuple[Action, int]
 Method = Literal["auto", "simplex", "ipm"]
 IPM_FROM = 10000
 """Actions from which `auto` runs phase 1 by interior point (with crossover) instead of simplex."""
-WARM_PIVOTS = 0.25
+WARM_PIVOTS = 0.05
 WARM_MIN_PIVOTS = 100
 """From `IPM_FROM` actions, a warm phase 1 may take this many simplex pivots per action before
 the model is solved cold by interior point instead."""
