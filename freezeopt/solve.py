@@ -411,9 +411,12 @@ class _Model:
                 sol.col_value = values
                 sol.value_valid = True
                 h.setSolution(sol)
-            # HiGHS compares time_limit with its run time summed over every run of this model:
-            # phase 1's time counts, so add it
-            h.setOptionValue("time_limit", h.getRunTime() + max(0.5, _left(deadline)))
+            limit = max(0.5, _left(deadline))
+            if not h.getLp().integrality_:
+                # for an LP, HiGHS compares time_limit with its run time summed over every run of
+                # this model, phase 1's included (a MIP's limit is for this run: measured)
+                limit += h.getRunTime()
+            h.setOptionValue("time_limit", limit)
             if not h.getLp().integrality_:
                 h.setOptionValue("solver", "simplex")  # re-use phase 1's basis
             with stdout_to_stderr():
