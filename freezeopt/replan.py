@@ -38,6 +38,7 @@ from freezeopt.profile_file import Profile
 from freezeopt.schedule import (
     Schedule,
     dump_schedule,
+    pipeline_difference,
     schedule_from_result,
     schedule_plan,
 )
@@ -144,24 +145,13 @@ def measured_dag(dag: PipelineDag, measured: Mapping[str, float]) -> PipelineDag
 
 def check_profile_fits(schedule: Schedule, profile: Profile, *, source: str) -> None:
     """Raise MismatchError when `profile` is not of the pipeline `schedule` was made for."""
-    sp, pp = schedule.pipeline, profile.pipeline
-    want = {
-        "schedule": (sp.schedule, pp.schedule),
-        "ranks": (sp.world_size, pp.world_size),
-        "stages": (sp.n_stages, pp.n_stages),
-        "microbatches": (sp.n_microbatches, pp.n_microbatches),
-        "stage-to-rank map": (list(sp.stage_to_rank), [st.rank for st in profile.stages]),
-        "parameter groups": (
-            [list(g) for g in sp.groups],
-            [[g.name for g in st.groups] for st in profile.stages],
-        ),
-    }
-    for what, (a, b) in want.items():
-        if a != b:
-            raise MismatchError(
-                f"profile {source} does not fit the schedule: {what} is {b} in the profile but {a} "
-                "in the schedule; re-plan from the profile the schedule was solved from"
-            )
+    diff = pipeline_difference(schedule, profile)
+    if diff is not None:
+        what, a, b = diff
+        raise MismatchError(
+            f"profile {source} does not fit the schedule: {what} is {b} in the profile but {a} "
+            "in the schedule; re-plan from the profile the schedule was solved from"
+        )
 
 
 def solve_options(schedule: Schedule, spec: ReplanSpec) -> SolveOptions:

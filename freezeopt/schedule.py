@@ -38,6 +38,7 @@ __all__ = [
     "load_schedule",
     "parse_microbatches",
     "parse_schedule",
+    "pipeline_difference",
     "save_schedule",
     "schedule_from_result",
     "schedule_json_schema",
@@ -410,10 +411,9 @@ def parse_schedule(data: Any, *, source: str = "schedule") -> Schedule:
     return sched
 
 
-def check_fits(
-    schedule: Schedule, profile: Profile, *, profile_sha256: str | None = None
-) -> list[str]:
-    """Raise MismatchError if the schedule is for another pipeline; return warnings (e.g. another profile)."""
+def pipeline_difference(schedule: Schedule, profile: Profile) -> tuple[str, Any, Any] | None:
+    """The first way `profile`'s pipeline differs from the one `schedule` was made for, as (what,
+    value in the schedule, value in the profile), or None when they are the same pipeline."""
     sp, pp = schedule.pipeline, profile.pipeline
     want = {
         "schedule": (sp.schedule, pp.schedule),
@@ -426,12 +426,20 @@ def check_fits(
             [[g.name for g in st.groups] for st in profile.stages],
         ),
     }
-    for what, (a, b) in want.items():
-        if a != b:
-            raise MismatchError(
-                f"the schedule does not fit this job: {what} is {_short(a)} in the schedule but {_short(b)} in the "
-                f"profile; re-solve with `freezeopt solve` on this job's profile"
-            )
+    return next(((what, a, b) for what, (a, b) in want.items() if a != b), None)
+
+
+def check_fits(
+    schedule: Schedule, profile: Profile, *, profile_sha256: str | None = None
+) -> list[str]:
+    """Raise MismatchError if the schedule is for another pipeline; return warnings (e.g. another profile)."""
+    diff = pipeline_difference(schedule, profile)
+    if diff is not None:
+        what, a, b = diff
+        raise MismatchError(
+            f"the schedule does not fit this job: {what} is {_short(a)} in the schedule but {_short(b)} in the "
+            f"profile; re-solve with `freezeopt solve` on this job's profile"
+        )
     warnings = []
     if profile_sha256 is not None and profile_sha256 != schedule.provenance.profile_sha256:
         warnings.append(
