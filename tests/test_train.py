@@ -476,8 +476,9 @@ def test_measured_savings_match_the_profiles_group_costs(
     """Per stage, the weight-gradient time the frozen actions saved (median full-update cost minus
     median freezing cost, thread-CPU) against the sum of the frozen groups' profiled costs.
 
-    The band is wide on purpose: CPU noise at millisecond actions, and on the first stage freezing
-    every group skips the whole backward — more than its groups' leave-one-out costs add up to.
+    The band is wide on purpose: CPU noise at millisecond actions. On the first stage freezing a
+    group also skips backpropagating below it, so leave-one-out costs are not additive there (the
+    profile's docstring says so) and a stage-0 saving is only bounded by what its actions cost.
     It still fails when freezing skips nothing, or skips far more than the frozen groups' work.
     """
     prof_path, _, _, rep = solved_run
@@ -496,11 +497,13 @@ def test_measured_savings_match_the_profiles_group_costs(
         s = int(a["action"][: -len(a["action"].lstrip("0123456789"))])
         predicted = sum(cost[(s, g)] for g in a["frozen"])
         measured = a["full_ms"] - a["freeze_ms"]
-        acc = per_stage.setdefault(s, [0.0, 0.0])
+        acc = per_stage.setdefault(s, [0.0, 0.0, 0.0])
         acc[0] += measured
         acc[1] += predicted
-    for s, (measured, predicted) in per_stage.items():
-        assert 0.5 * predicted - 0.2 <= measured <= 2.5 * predicted + 0.2, (s, measured, predicted)
+        acc[2] += a["full_ms"]
+    for s, (measured, predicted, whole) in per_stage.items():
+        upper = whole + 0.2 if s == 0 else 2.5 * predicted + 0.2
+        assert 0.5 * predicted - 0.2 <= measured <= upper, (s, measured, predicted, whole)
     unfrozen = [a for a in rep.actions if not a["frozen"] and a["action"][-2] in "BW"]
     for a in unfrozen:  # an action with nothing frozen costs the same in both kinds of step
         assert a["freeze_ms"] == pytest.approx(a["full_ms"], rel=0.5, abs=0.3), a
