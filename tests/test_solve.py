@@ -161,3 +161,85 @@ def test_write_model_names_everything(tmp_path: Path) -> None:
 def test_bad_options(kw: dict, msg: str) -> None:
     with pytest.raises(InputError, match=msg):
         _solve(make_profile(), **kw)
+
+
+# --- the heuristic's local search -------------------------------------------------------------------
+
+
+def _model(profile, **kw):
+    from freezeopt.solve import _Model
+
+    opts = SolveOptions(**kw)
+    dag = build_dag(profile)
+    return dag, _Model(dag, estimate_signal(profile, opts.sensitivity), opts)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "ranks"), [("1F1B", 4), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2)]
+)
+def test_flat_timing_is_the_simulator(schedule: str, ranks: int) -> None:
+    """`_Timing` (what the heuristic re-times with) gives the simulator's step time, critical path
+    and slack: an action lengthened by its slack leaves the step as it was, a little more does not."""
+    import random
+
+    from freezeopt.solve import _Timing
+
+    dag, model = _model(make_profile(schedule=schedule, ranks=ranks, microbatches=8, groups=3))
+    timing = _Timing(dag)
+    rng = random.Random(1)
+    for _ in range(5):
+        plan = {k: 1.0 for k in model.keys if rng.random() < 0.4}
+        tl = simulate(dag, dag.durations(plan))
+        d = timing.durations(plan)
+        span, end, path = timing.run(d)
+        assert span == pytest.approx(tl.makespan, rel=1e-12)
+        assert tuple(path) == tl.critical_path
+        slack = timing.slack(d, end, span)
+        assert min(slack) == pytest.approx(0.0, abs=1e-9)
+        for i in rng.sample(range(len(d)), 6):
+            longer = list(d)
+            longer[i] += slack[i]
+            assert timing.run(longer)[0] == pytest.approx(span, rel=1e-9)
+            longer[i] += 1.0
+            assert timing.run(longer)[0] > span + 0.5
+
+
+def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal() -> None:
+    """Freeze each group in the microbatches with the most slack (where it saves least): the swap
+    search must move them onto the critical path, keep every count (so the signal), and shorten
+    the step."""
+    from freezeopt.solve import _swap, _Timing
+
+    dag, model = _model(make_profile(ranks=4, microbatches=8, groups=2), budget=0.3)
+    timing = _Timing(dag)
+    d = timing.durations({})
+    span, end, _ = timing.run(d)
+    slack = timing.slack(d, end, span)
+    plan: dict = {}
+    for _sg, keys in sorted(model.by_group.items()):
+        by_slack = sorted(keys, key=lambda k: (-slack[timing.idx[k[0]]], str(k[0])))
+        plan.update({k: 1.0 for k in by_slack[:2]})
+    placed = timing.run(timing.durations(plan))[0]
+    out = _swap(dag, model, plan, 200, timing)
+    assert out is not plan
+    assert model.counts(out) == model.counts(plan)
+    assert model.signal_of(out) == pytest.approx(model.signal_of(plan), abs=1e-15)
+    assert simulate(dag, dag.durations(out)).makespan < placed - 1.0
+    again = _swap(dag, model, out, 200, timing)  # a second pass may improve, never worsen
+    assert (
+        simulate(dag, dag.durations(again)).makespan <= simulate(dag, dag.durations(out)).makespan
+    )
+
+
+def test_swaps_make_the_heuristic_faster_at_the_same_budget() -> None:
+    """The heuristic (round, fill, swap, fill) against round and fill alone, from the same LP."""
+    from freezeopt.solve import _fill, _round_and_fill, _round_down, _Timing
+
+    p = make_profile(ranks=4, microbatches=16, groups=3)
+    dag, model = _model(p, budget=0.1, solver="highs")
+    _, lp_x = model.solve_lp(math.inf, write=None)
+    fill_only = _fill(dag, model, _round_down(model, lp_x), 200, _Timing(dag))
+    heur = _round_and_fill(dag, model, lp_x)
+    assert model.fits(heur)
+    before = simulate(dag, dag.durations(fill_only)).makespan
+    assert simulate(dag, dag.durations(heur)).makespan < before - 1e-6
