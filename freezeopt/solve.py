@@ -540,6 +540,8 @@ def _round_and_fill(dag: PipelineDag, model: _Model, lp_x: Mapping[Key, float]) 
     for _ in range(4):  # a swap shortens the critical path at no signal cost; fill may use it
         swapped = _swap(dag, model, plan, tries, timing)
         if swapped is plan:
+            swapped = _swap(dag, model, plan, tries, timing, cross=True)
+        if swapped is plan:
             break
         plan = _fill(dag, model, swapped, tries, timing)
     return plan
@@ -674,44 +676,97 @@ def _fill(
 
 
 def _swap(
-    dag: PipelineDag, model: _Model, plan: dict[Key, float], tries: int, timing: _Timing
+    dag: PipelineDag,
+    model: _Model,
+    plan: dict[Key, float],
+    tries: int,
+    timing: _Timing,
+    *,
+    cross: bool = False,
 ) -> dict[Key, float]:
-    """Local search that keeps every count: unfreeze group g in a microbatch whose action has
-    slack to absorb it and freeze g instead in an action on the critical path. The signal, the
-    budget and the caps depend on counts only, so they are unchanged; a move is kept when the step
-    gets shorter. Returns `plan` itself when no move helped."""
+    """Local search: unfreeze a group in a microbatch whose action has slack to absorb it, and
+    freeze a group in an action on the critical path instead: the same group (counts, and so
+    signal and caps, unchanged), or with `cross` another one — the frozen group whose release frees
+    the most signal, if budget and caps then hold. A move is kept when the step gets shorter.
+    Returns `plan` itself when no move helped."""
     start = plan
     d = timing.durations(plan)
     span, end, path = timing.run(d)
     allowed = set(model.keys)
     idx = timing.idx
+    budget = model.opts.budget + 1e-9
+    stage_cap = (
+        math.inf
+        if model.opts.stage_cap is None
+        else model.opts.stage_cap * dag.n_microbatches + 1e-6
+    )
+    share = model.stage_share
+    counts = {sg: round(c) for sg, c in model.counts(plan).items()}
+    signal = model.signal_of(plan)
+    per_stage: dict[int, float] = {}
+    for (s, g), n in counts.items():
+        per_stage[s] = per_stage.get(s, 0.0) + n * share[(s, g)]
+
+    def marginal(sg: tuple[int, int], n: int) -> float:  # signal of the n-th frozen microbatch
+        return model.loss[sg][n] - model.loss[sg][n - 1]
+
     for _ in range(tries):
         slack = timing.slack(d, end, span)
         on_path = set(path)
-        # donors per (stage, group): frozen where the action could take the group's cost back
+        # donors: frozen where the action could take the group's cost back; per (stage, group)
+        # the one with the most slack, and overall the groups ranked by the signal freed
         donors: dict[tuple[int, int], tuple[float, str, Key]] = {}
         for a, g in plan:
-            c = dag.group_cost[a.stage][g]
             sl = slack[idx[a]]
-            if a not in on_path and sl >= c - 1e-9:
-                best = donors.get((a.stage, g))
+            if a not in on_path and sl >= dag.group_cost[a.stage][g] - 1e-9:
                 cand = (-sl, str(a), (a, g))
+                best = donors.get((a.stage, g))
                 if best is None or cand < best:
                     donors[(a.stage, g)] = cand
-        cands = []
+        by_freed = sorted(donors, key=lambda sg: (-marginal(sg, counts[sg]), sg))
+        moves = []
         for a in path:
             for g, c in enumerate(dag.group_cost[a.stage]):
-                k = (a, g)
-                if k in plan or k not in allowed or (a.stage, g) not in donors:
+                k, sg = (a, g), (a.stage, g)
+                if k in plan or k not in allowed:
                     continue
-                cands.append((-c, str(a), g, k, donors[(a.stage, g)][2]))
+                if sg in donors:
+                    moves.append((-c, str(a), g, k, donors[sg][2]))
+                    continue
+                if not cross:
+                    continue
+                n = counts.get(sg, 0)
+                if n + 1 > model.kmax:
+                    continue
+                cost_in = model.loss[sg][n + 1] - model.loss[sg][n]
+                for dg in by_freed:
+                    freed = marginal(dg, counts[dg])
+                    if signal + cost_in - freed > budget:
+                        break  # later donors free less
+                    load = per_stage.get(a.stage, 0.0) + share[sg]
+                    if dg[0] == a.stage:
+                        load -= share[dg]
+                    if load <= stage_cap:
+                        moves.append((-c, str(a), g, k, donors[dg][2]))
+                        break
         improved = False
-        for *_, k, donor in sorted(cands, key=lambda c: c[:3])[:4]:
+        for *_, k, donor in sorted(moves, key=lambda m: m[:3])[:4]:
             trial = {**plan, k: 1.0}
             del trial[donor]
             t_d = timing.durations(trial)
             t_span, t_end, t_path = timing.run(t_d)
             if t_span < span - 1e-9:
+                sg_in, sg_out = (k[0].stage, k[1]), (donor[0].stage, donor[1])
+                if sg_in != sg_out:
+                    signal += (
+                        model.loss[sg_in][counts.get(sg_in, 0) + 1]
+                        - model.loss[sg_in][counts.get(sg_in, 0)]
+                        - marginal(sg_out, counts[sg_out])
+                    )
+                    counts[sg_in] = counts.get(sg_in, 0) + 1
+                    counts[sg_out] -= 1
+                    per_stage[sg_in[0]] = per_stage.get(sg_in[0], 0.0) + share[sg_in]
+                    per_stage[sg_out[0]] -= share[sg_out]
                 plan, d, span, end, path, improved = trial, t_d, t_span, t_end, t_path, True
                 break
         if not improved:

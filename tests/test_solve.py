@@ -243,3 +243,29 @@ def test_swaps_make_the_heuristic_faster_at_the_same_budget() -> None:
     assert model.fits(heur)
     before = simulate(dag, dag.durations(fill_only)).makespan
     assert simulate(dag, dag.durations(heur)).makespan < before - 1e-6
+
+
+@pytest.mark.parametrize("stage_cap", [None, 0.2])
+def test_cross_group_swaps_keep_budget_and_caps(stage_cap: float | None) -> None:
+    """Moves between groups change counts: the budget, group caps and stage caps must still hold
+    after them, and no accepted move lengthens the step."""
+    import random
+
+    from freezeopt.solve import _swap, _Timing
+
+    p = make_profile(ranks=4, microbatches=8, groups=3)
+    dag, model = _model(p, budget=0.05, group_cap=0.5, stage_cap=stage_cap)
+    timing = _Timing(dag)
+    rng = random.Random(3)
+    moved = 0
+    for _ in range(6):  # random plans that fit: frozen wherever, so there is work to move
+        plan: dict = {}
+        for k in rng.sample(model.keys, len(model.keys)):
+            if model.fits({**plan, k: 1.0}):
+                plan[k] = 1.0
+        out = _swap(dag, model, plan, 200, timing, cross=True)
+        assert model.fits(out)
+        before = timing.run(timing.durations(plan))[0]
+        assert timing.run(timing.durations(out))[0] <= before
+        moved += out is not plan and model.counts(out) != model.counts(plan)
+    assert moved, "some move changed the counts"
