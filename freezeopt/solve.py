@@ -418,9 +418,8 @@ class _Model:
                 # for an LP, HiGHS compares time_limit with its run time summed over every run of
                 # this model, phase 1's included (a MIP's limit is for this run: measured)
                 limit += h.getRunTime()
-            h.setOptionValue("time_limit", limit)
-            if not h.getLp().integrality_:
                 h.setOptionValue("solver", "simplex")  # re-use phase 1's basis
+            h.setOptionValue("time_limit", limit)
             with stdout_to_stderr():
                 h.run()
             status = _highs_status(h)
@@ -624,19 +623,31 @@ class _Timing:
         return out
 
 
+def _tally(
+    dag: PipelineDag, model: _Model, plan: Mapping[Key, float]
+) -> tuple[dict[tuple[int, int], int], float, dict[int, float], float]:
+    """What `_fill` and `_swap` keep up to date move by move: frozen count per (stage, group),
+    signal dropped, each stage's load against its cap, and the cap (inf when there is none)."""
+    counts = {sg: round(c) for sg, c in model.counts(plan).items()}
+    per_stage: dict[int, float] = {}
+    for (s, g), n in counts.items():
+        per_stage[s] = per_stage.get(s, 0.0) + n * model.stage_share[(s, g)]
+    cap = model.opts.stage_cap
+    stage_cap = math.inf if cap is None else cap * dag.n_microbatches + 1e-6
+    return counts, model.signal_of(plan), per_stage, stage_cap
+
+
+def _marginal(model: _Model, sg: tuple[int, int], n: int) -> float:
+    """Signal of group `sg`'s n-th frozen microbatch (convex curve: never falls with n)."""
+    return model.loss[sg][n] - model.loss[sg][n - 1]
+
+
 def _fill(
     dag: PipelineDag, model: _Model, plan: dict[Key, float], tries: int, timing: _Timing
 ) -> dict[Key, float]:
     """Freeze one more (action, group) on the critical path at a time, the most time saved per
     signal spent first, while the step gets shorter and budget and caps allow."""
-    counts = {sg: round(c) for sg, c in model.counts(plan).items()}
-    signal = model.signal_of(plan)
-    per_stage: dict[int, float] = {}
-    for (s, g), n_frozen in counts.items():
-        per_stage[s] = per_stage.get(s, 0.0) + n_frozen * model.stage_share[(s, g)]
-    stage_cap = (
-        None if model.opts.stage_cap is None else model.opts.stage_cap * dag.n_microbatches + 1e-6
-    )
+    counts, signal, per_stage, stage_cap = _tally(dag, model, plan)
     allowed = set(model.keys)
     span, _, path = timing.run(timing.durations(plan))
     for _ in range(tries):
@@ -650,12 +661,9 @@ def _fill(
                 n = counts.get(sg, 0)
                 if n + 1 > model.kmax:
                     continue
-                if (
-                    stage_cap is not None
-                    and per_stage.get(a.stage, 0.0) + model.stage_share[sg] > stage_cap
-                ):
+                if per_stage.get(a.stage, 0.0) + model.stage_share[sg] > stage_cap:
                     continue
-                d_sig = model.loss[sg][n + 1] - model.loss[sg][n]
+                d_sig = _marginal(model, sg, n + 1)
                 if signal + d_sig > model.opts.budget + 1e-9:
                     continue
                 cands.append((-c / max(d_sig, 1e-12), str(a), g, k, d_sig))
@@ -695,21 +703,8 @@ def _swap(
     allowed = set(model.keys)
     idx = timing.idx
     budget = model.opts.budget + 1e-9
-    stage_cap = (
-        math.inf
-        if model.opts.stage_cap is None
-        else model.opts.stage_cap * dag.n_microbatches + 1e-6
-    )
     share = model.stage_share
-    counts = {sg: round(c) for sg, c in model.counts(plan).items()}
-    signal = model.signal_of(plan)
-    per_stage: dict[int, float] = {}
-    for (s, g), n in counts.items():
-        per_stage[s] = per_stage.get(s, 0.0) + n * share[(s, g)]
-
-    def marginal(sg: tuple[int, int], n: int) -> float:  # signal of the n-th frozen microbatch
-        return model.loss[sg][n] - model.loss[sg][n - 1]
-
+    counts, signal, per_stage, stage_cap = _tally(dag, model, plan)
     for _ in range(tries):
         slack = timing.slack(d, end, span)
         on_path = set(path)
@@ -723,7 +718,7 @@ def _swap(
                 best = donors.get((a.stage, g))
                 if best is None or cand < best:
                     donors[(a.stage, g)] = cand
-        by_freed = sorted(donors, key=lambda sg: (-marginal(sg, counts[sg]), sg))
+        by_freed = sorted(donors, key=lambda sg: (-_marginal(model, sg, counts[sg]), sg))
         moves = []
         for a in path:
             for g, c in enumerate(dag.group_cost[a.stage]):
@@ -738,9 +733,9 @@ def _swap(
                 n = counts.get(sg, 0)
                 if n + 1 > model.kmax:
                     continue
-                cost_in = model.loss[sg][n + 1] - model.loss[sg][n]
+                cost_in = _marginal(model, sg, n + 1)
                 for dg in by_freed:
-                    freed = marginal(dg, counts[dg])
+                    freed = _marginal(model, dg, counts[dg])
                     if signal + cost_in - freed > budget:
                         break  # later donors free less
                     load = per_stage.get(a.stage, 0.0) + share[sg]
@@ -758,10 +753,8 @@ def _swap(
             if t_span < span - 1e-9:
                 sg_in, sg_out = (k[0].stage, k[1]), (donor[0].stage, donor[1])
                 if sg_in != sg_out:
-                    signal += (
-                        model.loss[sg_in][counts.get(sg_in, 0) + 1]
-                        - model.loss[sg_in][counts.get(sg_in, 0)]
-                        - marginal(sg_out, counts[sg_out])
+                    signal += _marginal(model, sg_in, counts.get(sg_in, 0) + 1) - _marginal(
+                        model, sg_out, counts[sg_out]
                     )
                     counts[sg_in] = counts.get(sg_in, 0) + 1
                     counts[sg_out] -= 1
