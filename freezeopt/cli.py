@@ -35,6 +35,25 @@ app = typer.Typer(
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Arguments and options several commands share, declared once.
+JobArg = Annotated[str, typer.Argument(help="Job spec (YAML) or a built-in job name (tiny-gpt).")]
+RanksOpt = Annotated[int | None, typer.Option(help="Override the number of ranks.")]
+StagesPerRankOpt = Annotated[int | None, typer.Option(help="Override stages per rank.")]
+MicrobatchesOpt = Annotated[int | None, typer.Option(help="Override microbatches per step.")]
+BatchSizeOpt = Annotated[
+    int | None, typer.Option(help="Override the batch size (samples per step).")
+]
+DeviceOpt = Annotated[str | None, typer.Option(help="Override the device: cpu or cuda.")]
+SeedOpt = Annotated[int | None, typer.Option(help="Override the seed.")]
+NoProgressOpt = Annotated[bool, typer.Option("--no-progress", help="No progress bar on stderr.")]
+
+
+def _overrides(**given: Any) -> dict[str, Any] | None:
+    """The job fields a command overrides: those given on the command line."""
+    out = {k: v for k, v in given.items() if v is not None}
+    return out or None
+
+
 def _friendly(fn: F) -> F:
     """Turn FreezeoptError into one stderr line and its exit code."""
 
@@ -77,7 +96,7 @@ def _print_json(obj: Any) -> None:
 @app.command()
 @_friendly
 def profile(
-    job: Annotated[str, typer.Argument(help="Job spec (YAML) or a built-in job name (tiny-gpt).")],
+    job: JobArg,
     out: Annotated[
         Path | None,
         typer.Option("-o", "--out", help="Profile to write (default: profiles/<job name>.json)."),
@@ -85,25 +104,19 @@ def profile(
     schedule: Annotated[
         str | None, typer.Option(help="Override the job's schedule (torch name or CSV file).")
     ] = None,
-    ranks: Annotated[int | None, typer.Option(help="Override the number of ranks.")] = None,
-    stages_per_rank: Annotated[int | None, typer.Option(help="Override stages per rank.")] = None,
-    microbatches: Annotated[
-        int | None, typer.Option(help="Override microbatches per step.")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Override the batch size (samples per step).")
-    ] = None,
+    ranks: RanksOpt = None,
+    stages_per_rank: StagesPerRankOpt = None,
+    microbatches: MicrobatchesOpt = None,
+    batch_size: BatchSizeOpt = None,
     steps: Annotated[
         int | None, typer.Option(help="Override the number of measured steps.")
     ] = None,
     warmup: Annotated[
         int | None, typer.Option(help="Override the number of warm-up steps.")
     ] = None,
-    device: Annotated[str | None, typer.Option(help="Override the device: cpu or cuda.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the seed.")] = None,
-    no_progress: Annotated[
-        bool, typer.Option("--no-progress", help="No progress bar on stderr.")
-    ] = False,
+    device: DeviceOpt = None,
+    seed: SeedOpt = None,
+    no_progress: NoProgressOpt = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the summary as one JSON object.")
     ] = False,
@@ -118,14 +131,13 @@ def profile(
     """
     from freezeopt.profile import format_report, profile_job
 
-    given = {
-        "schedule": schedule, "ranks": ranks, "stages_per_rank": stages_per_rank,
-        "microbatches": microbatches, "batch_size": batch_size, "measure_steps": steps,
-        "warmup_steps": warmup, "device": device, "seed": seed,
-    }  # fmt: skip
-    overrides = {k: v for k, v in given.items() if v is not None}
+    given = dict(
+        schedule=schedule, ranks=ranks, stages_per_rank=stages_per_rank,
+        microbatches=microbatches, batch_size=batch_size, measure_steps=steps,
+        warmup_steps=warmup, device=device, seed=seed,
+    )  # fmt: skip
     target = out if out is not None else Path("profiles") / f"{_job_name(job)}.json"
-    report = profile_job(job, out=target, progress=not no_progress, overrides=overrides or None)
+    report = profile_job(job, out=target, progress=not no_progress, overrides=_overrides(**given))
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -135,7 +147,7 @@ def profile(
 @app.command()
 @_friendly
 def train(
-    job: Annotated[str, typer.Argument(help="Job spec (YAML) or a built-in job name (tiny-gpt).")],
+    job: JobArg,
     steps: Annotated[int, typer.Option(help="Train until this optimizer step.")],
     schedule: Annotated[
         Path | None,
@@ -178,16 +190,12 @@ def train(
         str | None,
         typer.Option(help="Override the job's pipeline schedule (torch name or CSV file)."),
     ] = None,
-    ranks: Annotated[int | None, typer.Option(help="Override the number of ranks.")] = None,
-    stages_per_rank: Annotated[int | None, typer.Option(help="Override stages per rank.")] = None,
-    microbatches: Annotated[
-        int | None, typer.Option(help="Override microbatches per step.")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Override the batch size (samples per step).")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="Override the device: cpu or cuda.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the seed.")] = None,
+    ranks: RanksOpt = None,
+    stages_per_rank: StagesPerRankOpt = None,
+    microbatches: MicrobatchesOpt = None,
+    batch_size: BatchSizeOpt = None,
+    device: DeviceOpt = None,
+    seed: SeedOpt = None,
     profile: Annotated[
         Path | None,
         typer.Option(help="The profile the schedule was solved from (needed to re-plan)."),
@@ -213,9 +221,7 @@ def train(
         str | None,
         typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.faults)."),
     ] = None,
-    no_progress: Annotated[
-        bool, typer.Option("--no-progress", help="No progress bar on stderr.")
-    ] = False,
+    no_progress: NoProgressOpt = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as one JSON object.")
     ] = False,
@@ -237,11 +243,10 @@ def train(
     """
     from freezeopt.train import format_train_report, train_job
 
-    given = {
-        "schedule": pipeline, "ranks": ranks, "stages_per_rank": stages_per_rank,
-        "microbatches": microbatches, "batch_size": batch_size, "device": device, "seed": seed,
-    }  # fmt: skip
-    overrides = {k: v for k, v in given.items() if v is not None}
+    overrides = _overrides(
+        schedule=pipeline, ranks=ranks, stages_per_rank=stages_per_rank,
+        microbatches=microbatches, batch_size=batch_size, device=device, seed=seed,
+    )  # fmt: skip
     report = train_job(
         job,
         schedule_path=schedule,
@@ -257,7 +262,7 @@ def train(
         val_every=val_every,
         progress=not no_progress,
         fault=fault,
-        overrides=overrides or None,
+        overrides=overrides,
         profile_path=profile,
         replan_every=replan_every,
         replan_on_drift=replan_on_drift,
@@ -273,7 +278,7 @@ def train(
 @app.command()
 @_friendly
 def compare(
-    job: Annotated[str, typer.Argument(help="Job spec (YAML) or a built-in job name (tiny-gpt).")],
+    job: JobArg,
     policies: Annotated[
         str,
         typer.Option(

@@ -177,3 +177,48 @@ def test_highs_banner_stays_off_stdout(profile: Path) -> None:
         check=True,
     )
     json.loads(out.stdout)  # nothing but the JSON object
+
+
+@pytest.mark.parametrize(
+    ("command", "module", "func", "args", "want"),
+    [
+        (
+            "profile",
+            "freezeopt.profile",
+            "profile_job",
+            ["--schedule", "GPipe", "--ranks", "4", "--steps", "7", "--warmup", "2", "--seed", "3"],
+            {"schedule": "GPipe", "ranks": 4, "measure_steps": 7, "warmup_steps": 2, "seed": 3},
+        ),
+        (
+            "train",
+            "freezeopt.train",
+            "train_job",
+            ["--steps", "5", "--pipeline", "1F1B", "--microbatches", "8", "--batch-size", "16"],
+            {"schedule": "1F1B", "microbatches": 8, "batch_size": 16},
+        ),
+        ("train", "freezeopt.train", "train_job", ["--steps", "5"], None),
+    ],
+)
+def test_job_overrides_reach_the_library(
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    module: str,
+    func: str,
+    args: list[str],
+    want: dict | None,
+) -> None:
+    """Only the job fields given on the command line are overridden, under the library's names."""
+    import importlib
+
+    from freezeopt.errors import InputError
+
+    seen: dict[str, object] = {}
+
+    def fake(*a: object, overrides: dict | None = None, **kw: object) -> None:
+        seen["overrides"] = overrides
+        raise InputError("stopped by the test")
+
+    monkeypatch.setattr(importlib.import_module(module), func, fake)
+    r = run(command, "tiny-gpt", *args)
+    assert "stopped by the test" in r.output
+    assert seen["overrides"] == want
