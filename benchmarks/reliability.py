@@ -31,6 +31,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from procs import alive, children  # benchmarks/procs.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -125,27 +127,6 @@ def faults_section(tmp: Path) -> tuple[list[str], bool]:
     return lines, rc == 0
 
 
-def _children_alive(pids_before: set[int]) -> list[int]:
-    me = os.getpid()
-    alive = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            cmd = ""
-        # multiprocessing's resource tracker lives as long as this process, by design
-        if ppid == me and int(d.name) not in pids_before and "resource_tracker" not in cmd:
-            alive.append(int(d.name))
-    return alive
-
-
 def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
     from freezeopt.errors import FreezeoptError
     from freezeopt.job import load_job, replace_job
@@ -177,7 +158,7 @@ def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
     ok = True
     for fault in faults:
         out = tmp / f"{fault.replace(':', '_').replace(',', '_')}.json"
-        before = set(_children_alive(set()))
+        before = children(os.getpid(), zombies=True)
         t0 = time.perf_counter()
         taken = None
         try:
@@ -211,7 +192,7 @@ def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
             if taken is not None:
                 taken.close()
         dt = time.perf_counter() - t0
-        left = _children_alive(before)
+        left = children(os.getpid(), zombies=True) - before
         good = good and not out.exists() and not left
         ok = ok and good
         short = msg if len(msg) < 140 else msg[:137] + "..."
@@ -239,19 +220,19 @@ def _parent_signal(tmp: Path, job: object, sig: int) -> tuple[str, bool, int, fl
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    ranks: list[int] = []
+    ranks: set[int] = set()
     deadline = time.monotonic() + 120
     while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
-        ranks = _children_of(proc.pid)
+        ranks = children(proc.pid)
     time.sleep(3)
     t0 = time.perf_counter()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    while _alive(ranks) and time.perf_counter() - t0 < 10:
+    while alive(ranks) and time.perf_counter() - t0 < 10:
         time.sleep(0.1)
     dt = time.perf_counter() - t0
-    left = len(_alive(ranks))
+    left = len(alive(ranks))
     text = err.decode(errors="replace").strip().splitlines()
     last = text[-1] if text else f"exit {proc.returncode}"
     if sig == signal.SIGKILL:
@@ -266,32 +247,6 @@ def _parent_signal(tmp: Path, job: object, sig: int) -> tuple[str, bool, int, fl
             and left == 0
         )
     return msg, good and not out.exists(), left, dt
-
-
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z" and b"resource_tracker" not in cmd:
-                out.append(int(d.name))
-    return out
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for p in pids:
-        try:
-            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.append(p)
-    return alive
 
 
 TRAIN_FAULTS = (  # (name, fault, what it stands for, extra train options)

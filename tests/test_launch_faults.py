@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 import freezeopt.launch as launch
+from benchmarks.procs import alive, children
 from freezeopt.errors import FreezeoptError
 from freezeopt.job import load_job, replace_job
 from freezeopt.profile import profile_job
@@ -39,22 +40,8 @@ def _job():
     )
 
 
-def _children() -> set[int]:
-    me, out = os.getpid(), set()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me and b"resource_tracker" not in cmd:
-                out.add(int(d.name))
-    return out
-
-
 def test_killed_rank_is_named(tmp_path: Path) -> None:
-    before = _children()
+    before = children(os.getpid(), zombies=True)
     out = tmp_path / "p.json"
     t0 = time.monotonic()
     with pytest.raises(FreezeoptError) as e:
@@ -63,7 +50,7 @@ def test_killed_rank_is_named(tmp_path: Path) -> None:
     msg = str(e.value)
     assert msg.startswith("rank 1 ") and "killed by signal 9" in msg and "\n" not in msg
     assert not out.exists()
-    assert _children() <= before
+    assert children(os.getpid(), zombies=True) <= before
 
 
 def test_port_already_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,7 +59,7 @@ def test_port_already_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     taken.listen(1)
     port = taken.getsockname()[1]
     monkeypatch.setattr(launch, "_free_port", lambda: port)
-    before = _children()
+    before = children(os.getpid(), zombies=True)
     out = tmp_path / "p.json"
     try:
         with pytest.raises(FreezeoptError) as e:
@@ -83,34 +70,7 @@ def test_port_already_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert "\n" not in msg and "rank" in msg
     assert "address already in use" in msg.lower() or str(port) in msg
     assert not out.exists()
-    assert _children() <= before
-
-
-def _grandchildren(pid: int) -> set[int]:
-    """Live (not zombie) processes whose parent is `pid`, other than multiprocessing's helper."""
-    out = set()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z" and b"resource_tracker" not in cmd:
-                out.add(int(d.name))
-    return out
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for p in pids:
-        try:
-            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(p)
-    return alive
+    assert children(os.getpid(), zombies=True) <= before
 
 
 def _start_profile(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int]]:
@@ -127,7 +87,7 @@ def _start_profile(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int]]:
     ranks: set[int] = set()
     while time.monotonic() < deadline and len(ranks) < 2:
         time.sleep(0.5)
-        ranks = _grandchildren(proc.pid)
+        ranks = children(proc.pid)
         assert proc.poll() is None, proc.communicate()
     assert len(ranks) == 2, ranks
     time.sleep(3)  # into the run (torch imported, process group up)
@@ -144,7 +104,7 @@ def test_sigterm_to_freezeopt_stops_every_rank(tmp_path: Path) -> None:
     lines = err.decode().strip().splitlines()
     assert lines[-1].startswith("error: stopped by SIGTERM; every rank was stopped"), err
     assert "Traceback" not in err.decode()
-    assert not _alive(ranks) and time.monotonic() - t0 < 15
+    assert not alive(ranks) and time.monotonic() - t0 < 15
     assert not (tmp_path / "p.json").exists()
 
 
@@ -154,6 +114,6 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
     proc.kill()  # SIGKILL: no handler runs in the parent; the kernel must take the ranks down
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 10
-    while _alive(ranks) and time.monotonic() < deadline:
+    while alive(ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(ranks)
+    assert not alive(ranks)
