@@ -33,6 +33,9 @@ lags) updates right-hand sides and coefficients in place and re-runs both phases
 basis. If new costs break an edge reduction, the model is rebuilt (and solved cold). From
 `IPM_FROM` actions the warm phase 1 gets a pivot budget (`WARM_PIVOTS` per action); past it the
 model is solved cold by interior point, so a warm re-solve costs at most about a cold one more.
+
+`LpCache` keeps the last model of a sequence of solves — the online re-plans of one training run —
+and re-solves it warm whenever only costs changed, cold otherwise.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, SolverError
 from freezeopt.fileio import stdout_to_stderr
 
-__all__ = ["FastLP", "LpAnswer", "phase2_limit"]
+__all__ = ["FastLP", "LpAnswer", "LpCache", "phase2_limit"]
 
 Key = tuple[Action, int]
 Method = Literal["auto", "simplex", "ipm"]
@@ -585,6 +588,72 @@ class FastLP:
             [edges[(order[i], order[j])] for i, j in zip(w.tolist(), v.tolist(), strict=True)]
         )
         return bool(np.all(lag_u <= lag_w + between))
+
+
+class LpCache:
+    """The last `FastLP` of a sequence of solves of one schedule, re-solved warm when it can be.
+
+    A solve is warm when the schedule, the freezable groups, their signal curves and the options
+    are those of the last one (only action, group or lag costs changed, as in a re-plan from
+    measured costs); otherwise the model is built again and solved cold. Not thread-safe: one
+    solve at a time."""
+
+    def __init__(self) -> None:
+        self._fast: FastLP | None = None
+        self._key: tuple[Any, ...] | None = None
+        self.solves = 0
+        self.warm_solves = 0
+
+    def solve(
+        self,
+        dag: PipelineDag,
+        *,
+        keys: Sequence[Key],
+        loss: Mapping[tuple[int, int], tuple[float, ...]],
+        kmax: int,
+        budget: float,
+        stage_cap: float | None,
+        tolerance: float,
+        threads: int,
+        time_limit: float = math.inf,
+    ) -> tuple[LpAnswer, float]:
+        """Both phases for `dag`; returns the answer and the seconds spent building or updating
+        the model. Raises SolverError as `FastLP.solve` does (the next solve is then cold)."""
+        key = (
+            tuple(keys),
+            tuple(sorted((sg, tuple(c)) for sg, c in loss.items())),
+            kmax,
+            budget,
+            stage_cap,
+            tolerance,
+            threads,
+        )
+        self.solves += 1
+        fast, self._fast = self._fast, None  # dropped if this solve fails
+        try:
+            if fast is not None and key == self._key:
+                try:
+                    ans = fast.resolve(dag, time_limit=time_limit)
+                except InputError:  # another schedule or other freezable groups
+                    fast = None
+            if fast is None or key != self._key:
+                fast = FastLP(
+                    dag,
+                    keys=keys,
+                    loss=loss,
+                    kmax=kmax,
+                    budget=budget,
+                    stage_cap=stage_cap,
+                    tolerance=tolerance,
+                    threads=threads,
+                )
+                ans = fast.solve(time_limit=time_limit)
+        except SolverError:
+            self._key = None
+            raise
+        self._fast, self._key = fast, key
+        self.warm_solves += ans.warm
+        return ans, ans.build_seconds
 
 
 def _rank_prefix(

@@ -15,8 +15,11 @@ kept: only the actions' durations change. A weight-gradient action is never take
 the profile's group costs it holds (the solver subtracts them).
 
 The solve: `freezeopt.solve.solve` in the re-plan mode (`heuristic` by default; `lp` or `milp`
-on request) with the schedule's own budget, caps, sensitivity estimator, tolerance and solver from
-its provenance, a time limit, and `fallback="heuristic"`. Both the current plan and the new one
+on request) with the schedule's own budget, caps, sensitivity estimator and tolerance from its
+provenance, a time limit, and `fallback="heuristic"`. The `lp` and `heuristic` re-plans solve the LP
+relaxation with HiGHS whatever solver the schedule names (its optimum is the same; a `milp` re-plan
+keeps the schedule's solver), so that a run's re-plans share one model (`freezeopt.lp_fast.LpCache`):
+each re-solves the last from its basis, since only action costs changed. Both the current plan and the new one
 are simulated on the updated costs; the new plan is adopted when it is not predicted slower and
 differs from the current one. The new plan is a complete schedule file (the old one's phases,
 drift rules and realisation; its prediction on the updated costs) with a comment line saying
@@ -34,6 +37,7 @@ from typing import Literal
 
 from freezeopt.dag import PipelineDag, build_dag
 from freezeopt.errors import MismatchError
+from freezeopt.lp_fast import LpCache
 from freezeopt.profile_file import Profile
 from freezeopt.schedule import (
     Schedule,
@@ -155,9 +159,12 @@ def check_profile_fits(schedule: Schedule, profile: Profile, *, source: str) -> 
 
 
 def solve_options(schedule: Schedule, spec: ReplanSpec) -> SolveOptions:
-    """The schedule's own budget, caps, estimator, tolerance and solver, in the re-plan mode."""
+    """The schedule's own budget, caps, estimator and tolerance, in the re-plan mode (HiGHS for
+    `lp` and `heuristic`, the schedule's solver for `milp`)."""
     prov = schedule.provenance
     solver = prov.solver if prov.solver in SOLVERS else "cbc"
+    if spec.mode != "milp":
+        solver = "highs"  # the same LP optimum, and warm re-solves (module docstring)
     sens = prov.sensitivity if prov.sensitivity in ESTIMATORS else "gns"
     return SolveOptions(
         mode=spec.mode,
@@ -191,6 +198,8 @@ class ReplanOutcome:
     """Nothing frozen, on the updated costs."""
     status: str
     solve_s: float
+    warm: bool = False
+    """The LP relaxation was re-solved from the last re-plan's basis."""
 
 
 def replan(
@@ -200,13 +209,16 @@ def replan(
     *,
     step: int,
     reason: str,
+    lp_cache: LpCache | None = None,
 ) -> ReplanOutcome:
-    """Solve again on `measured` costs (action name → full cost, ms); see the module docstring."""
+    """Solve again on `measured` costs (action name → full cost, ms); see the module docstring.
+    Pass the same `lp_cache` to every re-plan of a run to re-solve its LP warm."""
     t0 = time.perf_counter()
     profile = spec.profile
     dag = measured_dag(build_dag(profile), measured)
     opts = solve_options(current, spec)
-    result = solve(dag, estimate_signal(profile, opts.sensitivity), opts)
+    warm_before = lp_cache.warm_solves if lp_cache is not None else 0
+    result = solve(dag, estimate_signal(profile, opts.sensitivity), opts, lp_cache=lp_cache)
     new = schedule_from_result(
         result,
         profile=profile,
@@ -239,4 +251,5 @@ def replan(
         baseline_ms=result.baseline_ms,
         status=result.status,
         solve_s=time.perf_counter() - t0,
+        warm=lp_cache is not None and lp_cache.warm_solves > warm_before,
     )

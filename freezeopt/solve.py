@@ -44,7 +44,7 @@ from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, SolverError
 from freezeopt.fileio import stdout_to_stderr
-from freezeopt.lp_fast import phase2_limit
+from freezeopt.lp_fast import LpCache, phase2_limit
 from freezeopt.sensitivity import Estimator, GroupSignal
 from freezeopt.simulate import simulate
 
@@ -116,16 +116,23 @@ class SolveResult:
 
 
 def solve(
-    dag: PipelineDag, signal: tuple[tuple[GroupSignal, ...], ...], opts: SolveOptions
+    dag: PipelineDag,
+    signal: tuple[tuple[GroupSignal, ...], ...],
+    opts: SolveOptions,
+    *,
+    lp_cache: LpCache | None = None,
 ) -> SolveResult:
-    """Decide what to freeze in `dag` under `opts`; see the module docstring."""
+    """Decide what to freeze in `dag` under `opts`; see the module docstring.
+
+    `lp_cache` (HiGHS only): keep the LP relaxation there and re-solve it warm, from the last
+    basis, when the next call differs only in costs — what online re-planning does."""
     _check_options(dag, signal, opts)
     mode = opts.mode
     t0 = time.perf_counter()
     deadline = t0 + opts.time_limit
     baseline = simulate(dag).makespan
     floor = simulate(dag, dag.durations(dag.all_frozen())).makespan
-    model = _Model(dag, signal, opts)
+    model = _Model(dag, signal, opts, lp_cache=lp_cache)
     notes: list[str] = []
 
     try:
@@ -214,9 +221,15 @@ class _Model:
     """Builds and solves the PuLP models for one DAG and option set (sparse: one row per edge)."""
 
     def __init__(
-        self, dag: PipelineDag, signal: tuple[tuple[GroupSignal, ...], ...], opts: SolveOptions
+        self,
+        dag: PipelineDag,
+        signal: tuple[tuple[GroupSignal, ...], ...],
+        opts: SolveOptions,
+        *,
+        lp_cache: LpCache | None = None,
     ):
         self.dag, self.opts = dag, opts
+        self.lp_cache = lp_cache
         m = dag.n_microbatches
         self.kmax = math.floor(opts.group_cap * m + 1e-9)
         self.loss = {(s, g): sig.loss for s, row in enumerate(signal) for g, sig in enumerate(row)}
@@ -455,27 +468,28 @@ class _Model:
     def _solve_lp_fast(
         self, deadline: float, *, write: Path | None
     ) -> tuple[float, dict[Key, float]]:
-        from freezeopt.lp_fast import FastLP
-
         o = self.opts
         if not pulp.HiGHS().available():
             raise SolverError("HiGHS is not available: pip install highspy, or use --solver cbc")
-        fast = FastLP(
-            self.dag,
-            keys=self.keys,
-            loss=self.loss,
-            kmax=self.kmax,
-            budget=o.budget,
-            stage_cap=o.stage_cap,
-            tolerance=o.tolerance,
-            threads=o.threads,
-        )
-        self.build_seconds += fast.build_seconds
+        cache = self.lp_cache if self.lp_cache is not None else LpCache()
         t0 = time.perf_counter()
         try:
-            ans = fast.solve(time_limit=_left(deadline))
-        finally:
+            ans, build_s = cache.solve(
+                self.dag,
+                keys=self.keys,
+                loss=self.loss,
+                kmax=self.kmax,
+                budget=o.budget,
+                stage_cap=o.stage_cap,
+                tolerance=o.tolerance,
+                threads=o.threads,
+                time_limit=_left(deadline),
+            )
+        except SolverError:
             self.solver_seconds += time.perf_counter() - t0
+            raise
+        self.build_seconds += build_s
+        self.solver_seconds += time.perf_counter() - t0 - build_s
         if write is not None:
             _write(self.build(integer=False, t_max=None)[0], write, phase=1)
             _write(self.build(integer=False, t_max=self.t_limit(ans.t1))[0], write, phase=2)

@@ -61,6 +61,7 @@ from freezeopt.faults import TrainFault, corrupt, damage_file
 from freezeopt.fileio import atomic_write_text
 from freezeopt.job import Job
 from freezeopt.launch import RankContext
+from freezeopt.lp_fast import LpCache
 from freezeopt.pipeline import (
     Clock,
     PipelinePlan,
@@ -164,6 +165,7 @@ class _Trainer:
         rs = spec.replan if spec.replan is not None and spec.replan.enabled else None
         self.replan_spec = rs if spec.schedule is not None else None
         self.window = CostWindow()
+        self.lp_cache = LpCache()  # rank 0's re-plans re-solve one LP warm
         self.plan_version = 0
         self.plan_text: str | None = None
         """YAML of the adopted re-plan in use (None: the schedule file's plan)."""
@@ -300,7 +302,9 @@ class _Trainer:
 
         def work() -> None:
             try:
-                box.append(replan(rs, current, measured, step=step, reason=reason))
+                box.append(
+                    replan(rs, current, measured, step=step, reason=reason, lp_cache=self.lp_cache)
+                )
             except Exception as e:
                 box.append(f"{type(e).__name__}: {e}".splitlines()[0])
 
@@ -335,6 +339,7 @@ class _Trainer:
                     "why": out.why,
                     "status": out.status,
                     "solve_s": round(out.solve_s, 3),
+                    "warm": out.warm,
                     "file": str(path),
                 }
                 payload = {"event": ev, "text": out.text if out.adopted else None}

@@ -13,7 +13,7 @@ import pytest
 
 from freezeopt.dag import PipelineDag, build_dag
 from freezeopt.errors import InputError
-from freezeopt.lp_fast import FastLP
+from freezeopt.lp_fast import FastLP, LpCache
 from freezeopt.sensitivity import estimate_signal
 from freezeopt.simulate import simulate
 from freezeopt.solve import SolveOptions, _Model, solve
@@ -254,6 +254,44 @@ def test_resolve_refuses_another_schedule() -> None:
     other = build_dag(make_profile(schedule="1F1B", ranks=2, microbatches=6))
     with pytest.raises(InputError, match="same schedule"):
         f.resolve(other)
+
+
+def test_lp_cache_solves_warm_only_when_only_costs_changed() -> None:
+    """`solve(..., lp_cache=)` answers as a cold solve does; it re-solves warm after a cost change
+    and cold after a change of options or of schedule."""
+    p = make_profile(schedule="1F1B", ranks=3, microbatches=6, groups=3, seed=4)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="heuristic", solver="highs", budget=0.1)
+    signal = estimate_signal(p, opts.sensitivity)
+    cache = LpCache()
+    steps = [
+        (dag, opts, False),
+        (_perturbed(dag, seed=1), opts, True),
+        (_perturbed(dag, seed=2), opts, True),
+        (_perturbed(dag, seed=2), dataclasses.replace(opts, budget=0.2), False),
+        (_perturbed(dag, seed=3), dataclasses.replace(opts, budget=0.2), True),
+    ]
+    for i, (d, o, _) in enumerate(steps):
+        got = solve(d, signal, o, lp_cache=cache)
+        cold = solve(d, signal, o)
+        assert cache.solves == i + 1
+        assert cache.warm_solves == sum(w for _, _, w in steps[: i + 1]), i
+        assert got.lp_bound_ms == pytest.approx(cold.lp_bound_ms, rel=1e-6)
+        assert got.signal_dropped <= o.budget + 1e-9
+        assert got.predicted_ms == pytest.approx(
+            simulate(d, d.durations(got.frozen)).makespan, rel=1e-12
+        )
+    # another schedule: built again, cold
+    p2 = make_profile(schedule="GPipe", ranks=3, microbatches=6, groups=3, seed=4)
+    d2 = build_dag(p2)
+    sig2 = estimate_signal(p2, opts.sensitivity)
+    got = solve(d2, sig2, opts, lp_cache=cache)
+    assert cache.warm_solves == 3
+    assert got.lp_bound_ms == pytest.approx(solve(d2, sig2, opts).lp_bound_ms, rel=1e-6)
+    warm = solve(_perturbed(d2, seed=5), sig2, opts, lp_cache=cache)
+    assert cache.warm_solves == 4
+    cold = solve(_perturbed(d2, seed=5), sig2, opts)
+    assert warm.lp_bound_ms == pytest.approx(cold.lp_bound_ms, rel=1e-6)
 
 
 def test_solve_with_highs_uses_it_and_still_writes_the_pulp_model(tmp_path: Path) -> None:

@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 from freezeopt.actions import Action
 from freezeopt.cli import app
 from freezeopt.dag import build_dag
-from freezeopt.profile_file import load_profile
-from freezeopt.replan import CostWindow, measured_dag, skipped_ms
+from freezeopt.lp_fast import LpCache
+from freezeopt.profile_file import load_profile, profile_sha256, save_profile
+from freezeopt.replan import CostWindow, ReplanSpec, measured_dag, replan, skipped_ms
 from freezeopt.runtime import FreezeController
 from freezeopt.schedule import load_schedule, parse_microbatches
 from freezeopt.synth import SynthOptions, synth_profile
@@ -93,6 +94,35 @@ def test_controller_switches_plans_and_replans_instead_of_falling_back(tmp_path:
     assert not d.replan and plain.fallbacks == 1 and plain.phase_at(5) == "fallback"
 
 
+def test_replans_of_one_run_share_a_warm_lp(tmp_path: Path) -> None:
+    """With one `LpCache` for a run, the second re-plan re-solves the first's LP from its basis;
+    the plans are those of cold re-plans in step time, within budget, and a CBC schedule is
+    re-planned with HiGHS (the same LP optimum)."""
+    from freezeopt.schedule import Drift, Phases
+    from freezeopt.solve import SolveOptions
+    from freezeopt.workflow import solve_file
+
+    prof = synth_profile(SynthOptions(schedule="1F1B", ranks=4, microbatches=8, groups=3))
+    path = tmp_path / "p.json"
+    save_profile(prof, path)
+    phases = Phases(warmup_steps=0, full_update_every=0, drift=Drift(step_time_error=1e6))
+    _, sched = solve_file(path, SolveOptions(mode="heuristic", budget=0.1), phases=phases, out=None)
+    assert sched.provenance.solver == "cbc"
+    spec = ReplanSpec(profile=prof, profile_sha256=profile_sha256(prof), every=5)
+    dag = build_dag(prof)
+    cache = LpCache()
+    for i, slow in enumerate((0, 2, 3)):  # stage `slow`'s actions measured 30 % dearer
+        measured = {str(a): c * (1.3 if a.stage == slow else 1.0) for a, c in dag.cost.items()}
+        got = replan(spec, sched, measured, step=5 * i, reason="every", lp_cache=cache)
+        cold = replan(spec, sched, measured, step=5 * i, reason="every")
+        assert got.warm == (i > 0) and not cold.warm
+        assert got.schedule.provenance.solver == "highs"
+        assert got.new_predicted_ms == pytest.approx(cold.new_predicted_ms, rel=0.02)
+        assert got.schedule.prediction.signal_dropped <= 0.1 + 1e-9
+        sched = got.schedule if got.adopted else sched
+    assert cache.solves == 3 and cache.warm_solves == 2
+
+
 # --- real runs ----------------------------------------------------------------------------------------
 
 
@@ -132,6 +162,8 @@ def test_periodic_replan_moves_freezing_to_a_slowed_stage(
     evs = [e for e in rep.events if e["event"].startswith("replan")]
     assert evs and evs[0]["event"] == "replan" and evs[0]["reason"] == "every"
     assert evs[0]["trigger_step"] == 3  # after step 3: (3 + 1) % 4 == 0, 3 measured steps
+    assert evs[0]["warm"] is False  # the run's first LP is solved cold; later ones may be warm
+    assert all(isinstance(e["warm"], bool) for e in evs)
     assert all(e["trigger_step"] in (3, 7) for e in evs)
     first = evs[0]
     assert 3 < first["step"] <= 10
