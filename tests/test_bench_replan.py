@@ -33,3 +33,22 @@ def test_short_replan_bench_writes_its_table(tmp_path: Path) -> None:
     assert "- kept-0 step" not in text  # the kept arm never re-plans
     assert (tmp_path / "w" / "replan-0" / "replans").is_dir()
     assert not (tmp_path / "w" / "kept-0" / "replans").exists()
+
+
+def test_replan_scale_bench_writes_its_table(tmp_path: Path) -> None:
+    """`benchmarks/bench_replan_scale.py` on tiny cases: warm re-plans after the first, and warm
+    and cold LP bounds agree in every row."""
+    out = tmp_path / "scale.md"
+    script = ROOT / "benchmarks" / "bench_replan_scale.py"
+    args = ["--cases", "1F1B:4x8,ZBVZeroBubble:4x8", "--replans", "3", "--out", str(out)]
+    r = subprocess.run(
+        [sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| 1F1B")]
+    rows += [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| ZBV")]
+    assert len(rows) == 6
+    for cells in rows:
+        warm_bound, cold_bound = cells[-1].rstrip(" |").split(" / ")
+        assert float(warm_bound) == pytest.approx(float(cold_bound), rel=1e-6)
+    assert [c[6] for c in rows] == ["no", "yes", "yes"] * 2
