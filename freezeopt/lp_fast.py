@@ -32,7 +32,11 @@ Warm re-solve (`FastLP.resolve`): a DAG with the same schedule and new costs (ac
 lags) updates right-hand sides and coefficients in place and re-runs both phases from the last
 basis. If new costs break an edge reduction, the model is rebuilt (and solved cold). From
 `IPM_FROM` actions the warm phase 1 gets a pivot budget (`WARM_PIVOTS` per action); past it the
-model is solved cold by interior point, so a warm re-solve costs at most about a cold one more.
+model is solved cold by interior point, and so are its later re-solves: a model pays for one
+failed warm attempt at most. Measured (benchmarks/solver.md run A, without a budget, and this
+module's notes in issue 6): ZBV 32×128 re-solves in 0.2–0.43 pivots per action (1.8–3.0 s against
+5.6 s cold); at 64×256, 0.74 per action for 1F1B (faster than cold) but 1.06–1.27 for
+Interleaved1F1B and ZBV (slower than cold).
 
 `LpCache` keeps the last model of a sequence of solves — the online re-plans of one training run —
 and re-solves it warm whenever only costs changed, cold otherwise.
@@ -59,10 +63,10 @@ Key = tuple[Action, int]
 Method = Literal["auto", "simplex", "ipm"]
 IPM_FROM = 10000
 """Actions from which `auto` runs phase 1 by interior point (with crossover) instead of simplex."""
-WARM_PIVOTS = 0.05
+WARM_PIVOTS = 0.5
 WARM_MIN_PIVOTS = 100
 """From `IPM_FROM` actions, a warm phase 1 may take this many simplex pivots per action before
-the model is solved cold by interior point instead."""
+the model is solved cold by interior point instead (and its later re-solves too)."""
 
 
 def phase2_limit(t1: float, tolerance: float) -> float:
@@ -144,6 +148,7 @@ class FastLP:
         self._h: Any = None
         self._basis1: Any = None
         self._solved = False
+        self._warm_gave_up = False  # a warm phase 1 ran out of pivots: re-solve cold from now on
         self.info: dict[str, float] = {}
         self._build(dag)
 
@@ -385,7 +390,7 @@ class FastLP:
         deadline = time.perf_counter() + time_limit
         t0 = time.perf_counter()
         big = self.method == "ipm" or (self.method == "auto" and self._n >= IPM_FROM)
-        ipm = not warm and big
+        ipm = big and (not warm or self._warm_gave_up)
         if ipm:
             h.clearSolver()
         elif not warm:
@@ -401,7 +406,7 @@ class FastLP:
         h.changeColBounds(self._col_T, 0.0, h.getInfinity())
         h.setOptionValue("solver", "ipm" if ipm else "simplex")
         h.setOptionValue("simplex_strategy", 1)
-        if warm and big:
+        if warm and big and not ipm:
             # On a DAG this size each pivot is dear: the last basis gets WARM_PIVOTS pivots per
             # action, then the model is solved cold by interior point (a count, not a clock, so
             # the answer does not depend on the machine's load).
@@ -412,6 +417,7 @@ class FastLP:
             finally:
                 h.setOptionValue("simplex_iteration_limit", 2**31 - 1)
             if it1 < 0:
+                self._warm_gave_up = True
                 h.clearSolver()
                 h.setOptionValue("solver", "ipm")
                 ipm = True
@@ -603,6 +609,7 @@ class LpCache:
         self._key: tuple[Any, ...] | None = None
         self.solves = 0
         self.warm_solves = 0
+        """Solves answered from the last basis (not counting warm attempts that gave up)."""
 
     def solve(
         self,
@@ -652,7 +659,7 @@ class LpCache:
             self._key = None
             raise
         self._fast, self._key = fast, key
-        self.warm_solves += ans.warm
+        self.warm_solves += ans.warm and ans.method == "simplex"  # not a fallback to cold ipm
         return ans, ans.build_seconds
 
 

@@ -153,6 +153,12 @@ def test_large_warm_resolve_falls_back_to_a_cold_interior_point(
     cold = FastLP.for_problem(dag2, signal, opts).solve()
     assert again.t1 == pytest.approx(cold.t1, rel=1e-6)
     assert again.signal == pytest.approx(cold.signal, rel=1e-6, abs=1e-9)
+    # a model whose warm attempt gave up re-solves cold from then on, whatever the budget
+    monkeypatch.setattr(lp_fast, "WARM_PIVOTS", 1e6)
+    third = f.resolve(_perturbed(dag, seed=4))
+    assert third.method == ("ipm" if pivots == 0 else "simplex")
+    cold = FastLP.for_problem(_perturbed(dag, seed=4), signal, opts).solve()
+    assert third.t1 == pytest.approx(cold.t1, rel=1e-6)
 
 
 def test_same_rank_edges_are_left_out_and_cross_rank_kept() -> None:
