@@ -170,7 +170,7 @@ def render(results: dict[str, list[dict]], args: argparse.Namespace, meta: dict[
         if ws:
             speed.append(
                 f"- {case}: the warm arm's LP took {_s(min(ws))}–{_s(max(ws))} s against "
-                f"{_s(min(cs))}–{_s(max(cs))} s cold ({sum(cs) / sum(ws):.1f}× less LP time in all)"
+                f"{_s(min(cs))}–{_s(max(cs))} s cold (in all, cold ÷ warm = {sum(cs) / sum(ws):.1f})"
             )
     L += ["", "Warm against cold, re-plans after the first (LP time):", "", *speed, ""]
     L += [

@@ -33,10 +33,12 @@ lags) updates right-hand sides and coefficients in place and re-runs both phases
 basis. If new costs break an edge reduction, the model is rebuilt (and solved cold). From
 `IPM_FROM` actions the warm phase 1 gets a pivot budget (`WARM_PIVOTS` per action); past it the
 model is solved cold by interior point, and so are its later re-solves: a model pays for one
-failed warm attempt at most. Measured (benchmarks/solver.md run A, without a budget, and this
-module's notes in issue 6): ZBV 32×128 re-solves in 0.2–0.43 pivots per action (1.8–3.0 s against
-5.6 s cold); at 64×256, 0.74 per action for 1F1B (faster than cold) but 1.06–1.27 for
-Interleaved1F1B and ZBV (slower than cold).
+failed warm attempt at most, while a run's re-plans (`LpCache`) make many warm re-solves. Measured
+without a budget (benchmarks/solver.md run A): warm phase 1 took 0.43 pivots per action at ZBV
+32×128 (3.0 s against 5.7 s cold), 0.63–0.96 at 32×256 (13.5–33.9 s against 31.5–39.6 s), 0.74
+for 1F1B 64×256 (66 s against 122 s), and 1.06–1.27 for Interleaved1F1B and ZBV 64×256 (longer
+than cold): the budget lets the first kinds finish; the last run out of it once, after
+about 1.4–2.4 cold solves' time (from run A's pivot rates), and re-solve cold from then on.
 
 `LpCache` keeps the last model of a sequence of solves — the online re-plans of one training run —
 and re-solves it warm whenever only costs changed, cold otherwise.
@@ -63,7 +65,7 @@ Key = tuple[Action, int]
 Method = Literal["auto", "simplex", "ipm"]
 IPM_FROM = 10000
 """Actions from which `auto` runs phase 1 by interior point (with crossover) instead of simplex."""
-WARM_PIVOTS = 0.5
+WARM_PIVOTS = 1.0
 WARM_MIN_PIVOTS = 100
 """From `IPM_FROM` actions, a warm phase 1 may take this many simplex pivots per action before
 the model is solved cold by interior point instead (and its later re-solves too)."""
