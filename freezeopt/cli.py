@@ -416,7 +416,8 @@ def solve_cmd(
     ] = "milp",
     solver: Annotated[str, typer.Option(help="cbc (bundled) or highs.")] = "cbc",
     time_limit: Annotated[
-        float, typer.Option(help="MILP time limit in seconds (both phases).")
+        float,
+        typer.Option(help="Seconds for the whole solve (LP, heuristic search, MILP phases)."),
     ] = 60.0,
     gap: Annotated[float, typer.Option(help="Relative MILP gap at which to stop.")] = 0.005,
     group_cap: Annotated[

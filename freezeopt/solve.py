@@ -74,7 +74,8 @@ class SolveOptions:
     tolerance: float = 0.0
     """Phase 2 may lengthen the step by this share of the phase-1 optimum to drop less signal."""
     time_limit: float = 60.0
-    """Seconds for the MILP, both phases together."""
+    """Seconds for the whole solve: the LP, the heuristic's search and both MILP phases (the
+    heuristic always answers: past the limit its search stops with the plan so far)."""
     gap: float = 0.005
     """Relative MILP gap at which the solver may stop."""
     threads: int = 1
@@ -151,8 +152,15 @@ def solve(
     if opts.mode == "lp":
         frozen, status = lp_x, "optimal"
     else:
-        frozen = _round_and_fill(dag, model, lp_x)
+        # the fallback after a failed LP (often out of time) still gets its full greedy search
+        clock = _Deadline(math.inf if notes else deadline)
+        frozen = _round_and_fill(dag, model, lp_x, clock)
         status = "heuristic_fallback" if notes else "heuristic"
+        if clock.hit:
+            notes.append(
+                "the heuristic's search stopped at the time limit with the best plan so far "
+                "(raise --time-limit for a better one)"
+            )
         if opts.mode == "milp":
             frozen, status, milp_notes = model.solve_milp(frozen, deadline, write=opts.write_model)
             notes.extend(milp_notes)
@@ -544,19 +552,37 @@ class _Model:
             byname[f"signal_s{s}_g{g}"].setInitialValue(_pwl(self.loss[(s, g)], n))
 
 
-def _round_and_fill(dag: PipelineDag, model: _Model, lp_x: Mapping[Key, float]) -> dict[Key, float]:
+@dataclass(slots=True)
+class _Deadline:
+    """When the heuristic's search must stop (`time.perf_counter()` seconds), and whether it did."""
+
+    at: float = math.inf
+    hit: bool = False
+
+    def passed(self) -> bool:
+        """True from the first call past `at` on (so a search cut short stays cut)."""
+        if not self.hit and time.perf_counter() > self.at:
+            self.hit = True
+        return self.hit
+
+
+def _round_and_fill(
+    dag: PipelineDag, model: _Model, lp_x: Mapping[Key, float], clock: _Deadline | None = None
+) -> dict[Key, float]:
     """Heuristic: round the LP down per group, freeze more on the critical path while the budget
-    allows, then move frozen microbatches onto the critical path (`_swap`) and fill again."""
+    allows, then move frozen microbatches onto the critical path (`_swap`) and fill again. Past
+    `clock`'s deadline the search stops and the plan so far (always feasible) is the answer."""
+    clock = clock if clock is not None else _Deadline()
     tries = 200 if len(dag.order) <= 20000 else 20
     timing = _Timing(dag)
-    plan = _fill(dag, model, _round_down(model, lp_x), tries, timing)
+    plan = _fill(dag, model, _round_down(model, lp_x), tries, timing, clock=clock)
     for _ in range(4):  # a swap shortens the critical path at no signal cost; fill may use it
-        swapped = _swap(dag, model, plan, tries, timing)
+        swapped = _swap(dag, model, plan, tries, timing, clock=clock)
         if swapped is plan:
-            swapped = _swap(dag, model, plan, tries, timing, cross=True)
+            swapped = _swap(dag, model, plan, tries, timing, cross=True, clock=clock)
         if swapped is plan:
             break
-        plan = _fill(dag, model, swapped, tries, timing)
+        plan = _fill(dag, model, swapped, tries, timing, clock=clock)
     return plan
 
 
@@ -657,7 +683,13 @@ def _marginal(model: _Model, sg: tuple[int, int], n: int) -> float:
 
 
 def _fill(
-    dag: PipelineDag, model: _Model, plan: dict[Key, float], tries: int, timing: _Timing
+    dag: PipelineDag,
+    model: _Model,
+    plan: dict[Key, float],
+    tries: int,
+    timing: _Timing,
+    *,
+    clock: _Deadline | None = None,
 ) -> dict[Key, float]:
     """Freeze one more (action, group) on the critical path at a time, the most time saved per
     signal spent first, while the step gets shorter and budget and caps allow."""
@@ -665,6 +697,8 @@ def _fill(
     allowed = set(model.keys)
     span, _, path = timing.run(timing.durations(plan))
     for _ in range(tries):
+        if clock is not None and clock.passed():
+            break
         cands = []
         for a in path:
             for g, c in enumerate(dag.group_cost[a.stage]):
@@ -705,6 +739,7 @@ def _swap(
     timing: _Timing,
     *,
     cross: bool = False,
+    clock: _Deadline | None = None,
 ) -> dict[Key, float]:
     """Local search: unfreeze a group in a microbatch whose action has slack to absorb it, and
     freeze a group in an action on the critical path instead: the same group (counts, and so
@@ -720,6 +755,8 @@ def _swap(
     share = model.stage_share
     counts, signal, per_stage, stage_cap = _tally(dag, model, plan)
     for _ in range(tries):
+        if clock is not None and clock.passed():
+            break
         slack = timing.slack(d, end, span)
         on_path = set(path)
         # donors: frozen where the action could take the group's cost back; per (stage, group)

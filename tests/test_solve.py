@@ -204,6 +204,41 @@ def test_flat_timing_is_the_simulator(schedule: str, ranks: int) -> None:
             assert timing.run(longer)[0] > span + 0.5
 
 
+def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the deadline the fill and swap searches stop: the answer is the rounded-down LP plan
+    (feasible), the status stays `heuristic` and a note says why; with time left they run."""
+    from freezeopt import solve as solve_mod
+    from freezeopt.solve import _Deadline, _round_and_fill, _round_down
+
+    p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3)
+    dag, model = _model(p)
+    _, lp_x = model.solve_lp(math.inf, write=None)
+    clock = _Deadline(0.0)
+    assert _round_and_fill(dag, model, lp_x, clock) == _round_down(model, lp_x) and clock.hit
+    clock = _Deadline()
+    full = _round_and_fill(dag, model, lp_x, clock)
+    assert not clock.hit and full != _round_down(model, lp_x)
+
+    class Passed(_Deadline):
+        def passed(self) -> bool:
+            self.hit = True
+            return True
+
+    monkeypatch.setattr(solve_mod, "_Deadline", Passed)
+    opts = SolveOptions(mode="heuristic", budget=0.1)
+    r = solve(dag, estimate_signal(p, opts.sensitivity), opts)
+    assert r.status == "heuristic" and r.signal_dropped <= 0.1 + 1e-9
+    assert any("stopped at the time limit" in n for n in r.notes)
+    assert r.frozen == {k: v for k, v in sorted(_round_down(model, lp_x).items())}
+    # the fallback after a failed LP keeps its whole greedy search, even past the time limit
+    monkeypatch.undo()
+    monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
+    late = SolveOptions(mode="heuristic", budget=0.1, time_limit=1e-6, fallback="heuristic")
+    r = solve(dag, estimate_signal(p, late.sensitivity), late)
+    assert r.status == "heuristic_fallback" and r.frozen
+    assert not any("stopped at the time limit" in n for n in r.notes)
+
+
 def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal() -> None:
     """Freeze each group in the microbatches with the most slack (where it saves least): the swap
     search must move them onto the critical path, keep every count (so the signal), and shorten
