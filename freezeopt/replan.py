@@ -19,11 +19,9 @@ on request) with the schedule's own budget, caps, sensitivity estimator and tole
 provenance, a time limit, and `fallback="heuristic"`. The `lp` and `heuristic` re-plans solve the LP
 relaxation with HiGHS whatever solver the schedule names (its optimum is the same; a `milp` re-plan
 keeps the schedule's solver), so that a run's re-plans share one model (`freezeopt.lp_fast.LpCache`):
-each re-solves the last from its basis, since only action costs changed. The heuristic's search
-starts from the plan that runs now when that fits and beats the rounded LP on the new costs (it
-usually does: it was searched already, and costs moved a little), so it needs fewer moves.
-Both the current plan and the new one are simulated on the updated costs; the new plan is adopted
-when it is not predicted slower and differs from the current one. The new plan is a complete schedule file (the old one's phases,
+each re-solves the last from its basis, since only action costs changed. Both the current plan and the new one
+are simulated on the updated costs; the new plan is adopted when it is not predicted slower and
+differs from the current one. The new plan is a complete schedule file (the old one's phases,
 drift rules and realisation; its prediction on the updated costs) with a comment line saying
 where it came from.
 """
@@ -220,10 +218,7 @@ def replan(
     dag = measured_dag(build_dag(profile), measured)
     opts = solve_options(current, spec)
     warm_before = lp_cache.warm_solves if lp_cache is not None else 0
-    running = schedule_plan(current, dag)
-    result = solve(
-        dag, estimate_signal(profile, opts.sensitivity), opts, lp_cache=lp_cache, start=running
-    )
+    result = solve(dag, estimate_signal(profile, opts.sensitivity), opts, lp_cache=lp_cache)
     new = schedule_from_result(
         result,
         profile=profile,
@@ -233,7 +228,7 @@ def replan(
         phases=current.phases,
         realisation=current.realisation,
     )
-    old_ms = simulate(dag, dag.durations(running)).makespan
+    old_ms = simulate(dag, dag.durations(schedule_plan(current, dag))).makespan
     new_ms = result.predicted_ms
     same = new.frozen == current.frozen and new.ratios == current.ratios
     if same:

@@ -122,15 +122,11 @@ def solve(
     opts: SolveOptions,
     *,
     lp_cache: LpCache | None = None,
-    start: Mapping[Key, float] | None = None,
 ) -> SolveResult:
     """Decide what to freeze in `dag` under `opts`; see the module docstring.
 
     `lp_cache` (HiGHS only): keep the LP relaxation there and re-solve it warm, from the last
-    basis, when the next call differs only in costs — what online re-planning does.
-    `start` (`heuristic` and `milp`): a plan the heuristic's search may start from instead of the
-    rounded LP — its fully frozen (action, group) pairs, used when they fit the budget and caps
-    and give a shorter step (re-plans pass the plan that runs now)."""
+    basis, when the next call differs only in costs — what online re-planning does."""
     _check_options(dag, signal, opts)
     mode = opts.mode
     t0 = time.perf_counter()
@@ -158,7 +154,7 @@ def solve(
     else:
         # the fallback after a failed LP (often out of time) still gets its full greedy search
         clock = _Deadline(math.inf if notes else deadline)
-        frozen = _round_and_fill(dag, model, lp_x, clock, start=start)
+        frozen = _round_and_fill(dag, model, lp_x, clock)
         status = "heuristic_fallback" if notes else "heuristic"
         if clock.hit:
             notes.append(
@@ -571,29 +567,15 @@ class _Deadline:
 
 
 def _round_and_fill(
-    dag: PipelineDag,
-    model: _Model,
-    lp_x: Mapping[Key, float],
-    clock: _Deadline | None = None,
-    *,
-    start: Mapping[Key, float] | None = None,
+    dag: PipelineDag, model: _Model, lp_x: Mapping[Key, float], clock: _Deadline | None = None
 ) -> dict[Key, float]:
     """Heuristic: round the LP down per group, freeze more on the critical path while the budget
     allows, then move frozen microbatches onto the critical path (`_swap`) and fill again. Past
-    `clock`'s deadline the search stops and the plan so far (always feasible) is the answer.
-    A feasible `start` with a shorter step than the rounded LP replaces it as the first plan."""
+    `clock`'s deadline the search stops and the plan so far (always feasible) is the answer."""
     clock = clock if clock is not None else _Deadline()
     tries = 200 if len(dag.order) <= 20000 else 20
     timing = _Timing(dag)
-    first = _round_down(model, lp_x)
-    if start is not None:
-        allowed = set(model.keys)
-        given = {k: 1.0 for k, x in sorted(start.items()) if x >= 1.0 - 1e-9 and k in allowed}
-        if model.fits(given) and (
-            timing.run(timing.durations(given))[0] < timing.run(timing.durations(first))[0]
-        ):
-            first = given
-    plan = _fill(dag, model, first, tries, timing, clock=clock)
+    plan = _fill(dag, model, _round_down(model, lp_x), tries, timing, clock=clock)
     for _ in range(4):  # a swap shortens the critical path at no signal cost; fill may use it
         swapped = _swap(dag, model, plan, tries, timing, clock=clock)
         if swapped is plan:

@@ -239,43 +239,6 @@ def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatc
     assert not any("stopped at the time limit" in n for n in r.notes)
 
 
-def test_heuristic_starts_from_a_given_plan_only_when_it_helps(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`start`: a feasible plan with a shorter step than the rounded LP is where the search
-    begins; an empty, an over-budget or a fractional plan is not, and changes nothing."""
-    import dataclasses
-
-    from freezeopt import solve as solve_mod
-
-    p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3)
-    dag = build_dag(p)
-    opts = SolveOptions(mode="heuristic", budget=0.1)
-    sig = estimate_signal(p, opts.sensitivity)
-    # a re-plan: the plan searched on the last costs, and stage 1 turns 5 % dearer
-    good = solve(dag, sig, opts).frozen
-    dag = dataclasses.replace(
-        dag, cost={a: c * (1.05 if a.stage == 1 else 1.0) for a, c in dag.cost.items()}
-    )
-    plain = solve(dag, sig, opts)
-    seeds: list[dict] = []
-    real_fill = solve_mod._fill
-
-    def spy(dag_, model, plan, *a, **k):
-        seeds.append(dict(plan))
-        return real_fill(dag_, model, plan, *a, **k)
-
-    monkeypatch.setattr(solve_mod, "_fill", spy)
-    seeded = solve(dag, sig, opts, start=good)
-    assert seeds[0] == good  # it fits and beats the rounded LP: the search starts there
-    assert seeded.signal_dropped <= 0.1 + 1e-9
-    over = {k: 1.0 for k in _model(p)[1].keys}  # everything frozen: over the budget
-    for bad in ({}, over, {k: 0.5 for k in good}):
-        seeds.clear()
-        r = solve(dag, sig, opts, start=bad)
-        assert seeds[0] != bad and r.frozen == plain.frozen
-
-
 def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal() -> None:
     """Freeze each group in the microbatches with the most slack (where it saves least): the swap
     search must move them onto the critical path, keep every count (so the signal), and shorten
