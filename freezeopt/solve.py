@@ -18,7 +18,8 @@ relaxation; with one group per stage, `flat` sensitivity, no budget and a per-st
 TimelyFreeze's LP), and `heuristic` (round the LP's phase-2 solution down per group, greedily
 freeze more on the critical path while the budget allows, then swap: move a group's freezing from
 a microbatch with slack to one on the critical path — the same counts, so the same signal and
-caps — and fill again). `time_limit` bounds the whole solve.
+caps — and fill again; up to `BATCH` such swaps are tried at once before one at a time).
+`time_limit` bounds the whole solve.
 Every mode reports the no-freeze step time, the all-frozen floor, the LP bound and the step time
 the list-scheduling simulator gives for the answer.
 
@@ -731,6 +732,10 @@ def _fill(
     return plan
 
 
+BATCH = 8
+"""Same-group swaps the search tries at once before trying them one at a time."""
+
+
 def _swap(
     dag: PipelineDag,
     model: _Model,
@@ -745,7 +750,9 @@ def _swap(
     freeze a group in an action on the critical path instead: the same group (counts, and so
     signal and caps, unchanged), or with `cross` another one — the frozen group whose release frees
     the most signal, if budget and caps then hold. A move is kept when the step gets shorter.
-    Returns `plan` itself when no move helped."""
+    Each try first makes up to `BATCH` same-group moves at once (each target its own donor), then,
+    if that does not shorten the step, the best four moves one at a time. Returns `plan` itself
+    when no move helped."""
     start = plan
     d = timing.durations(plan)
     span, end, path = timing.run(d)
@@ -761,14 +768,14 @@ def _swap(
         on_path = set(path)
         # donors: frozen where the action could take the group's cost back; per (stage, group)
         # the one with the most slack, and overall the groups ranked by the signal freed
-        donors: dict[tuple[int, int], tuple[float, str, Key]] = {}
+        spare: dict[tuple[int, int], list[tuple[float, str, Key]]] = {}
         for a, g in plan:
             sl = slack[idx[a]]
             if a not in on_path and sl >= dag.group_cost[a.stage][g] - 1e-9:
-                cand = (-sl, str(a), (a, g))
-                best = donors.get((a.stage, g))
-                if best is None or cand < best:
-                    donors[(a.stage, g)] = cand
+                spare.setdefault((a.stage, g), []).append((-sl, str(a), (a, g)))
+        for lst in spare.values():
+            lst.sort()  # most slack first
+        donors = {sg: lst[0] for sg, lst in spare.items()}
         by_freed = sorted(donors, key=lambda sg: (-_marginal(model, sg, counts[sg]), sg))
         moves = []
         for a in path:
@@ -796,7 +803,32 @@ def _swap(
                         moves.append((-c, str(a), g, k, donors[dg][2]))
                         break
         improved = False
-        for *_, k, donor in sorted(moves, key=lambda m: m[:3])[:4]:
+        ranked = sorted(moves, key=lambda m: m[:3])
+        # first, several same-group moves at once (distinct donors, each donor's slack checked by
+        # the one re-timing): kept when the step gets shorter, else the moves one at a time
+        batch: list[tuple[Key, Key]] = []
+        used: set[Key] = set()
+        for *_, k, donor in ranked:
+            sg = (k[0].stage, k[1])
+            if (donor[0].stage, donor[1]) != sg:
+                continue
+            free = [c[2] for c in spare.get(sg, []) if c[2] not in used]
+            if free:
+                used.add(free[0])
+                batch.append((k, free[0]))
+            if len(batch) == BATCH:
+                break
+        if len(batch) > 1:
+            trial = dict(plan)
+            for k, donor in batch:
+                trial[k] = 1.0
+                del trial[donor]
+            t_d = timing.durations(trial)
+            t_span, t_end, t_path = timing.run(t_d)
+            if t_span < span - 1e-9:
+                plan, d, span, end, path, improved = trial, t_d, t_span, t_end, t_path, True
+                continue
+        for *_, k, donor in ranked[:4]:
             trial = {**plan, k: 1.0}
             del trial[donor]
             t_d = timing.durations(trial)

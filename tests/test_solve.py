@@ -239,7 +239,9 @@ def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatc
     assert not any("stopped at the time limit" in n for n in r.notes)
 
 
-def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal() -> None:
+def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Freeze each group in the microbatches with the most slack (where it saves least): the swap
     search must move them onto the critical path, keep every count (so the signal), and shorten
     the step."""
@@ -264,6 +266,15 @@ def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal() -> N
     assert (
         simulate(dag, dag.durations(again)).makespan <= simulate(dag, dag.durations(out)).makespan
     )
+
+    # one move per re-timing keeps the same invariants; the batch path is what made `out` here
+    import freezeopt.solve as solve_mod
+
+    monkeypatch.setattr(solve_mod, "BATCH", 1)
+    single = _swap(dag, model, plan, 200, timing)
+    assert model.counts(single) == model.counts(plan)
+    assert simulate(dag, dag.durations(single)).makespan < placed - 1.0
+    assert single != out
 
 
 def test_swaps_make_the_heuristic_faster_at_the_same_budget() -> None:
