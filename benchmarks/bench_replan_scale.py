@@ -31,11 +31,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_solver import synthetic_profile  # noqa: E402  (beside this script)
+
 from freezeopt.fileio import atomic_write_text  # noqa: E402
 from freezeopt.launch import load_avg  # noqa: E402
 from freezeopt.lp_fast import LpAnswer, LpCache  # noqa: E402
 
-MULTI_STAGE = ("Interleaved1F1B", "ZBVZeroBubble")  # two stages per rank
 DEFAULT_CASES = "1F1B:8x64,1F1B:32x128,Interleaved1F1B:32x128,ZBVZeroBubble:32x128"
 
 
@@ -83,21 +84,9 @@ def run_case(name: str, stages: int, mb: int, replans: int, groups: int, work: P
     from freezeopt.replan import ReplanSpec, replan
     from freezeopt.schedule import Drift, Phases
     from freezeopt.solve import SolveOptions
-    from freezeopt.synth import SynthOptions, synth_profile
     from freezeopt.workflow import solve_file
 
-    spr = 2 if name in MULTI_STAGE else 1
-    prof = synth_profile(
-        SynthOptions(
-            schedule=name,
-            ranks=stages // spr,
-            stages_per_rank=spr,
-            microbatches=mb,
-            groups=groups,
-            seed=0,
-            trace_steps=2,
-        )
-    )
+    prof = synthetic_profile(name, stages, mb, groups)
     path = work / f"{name}-{stages}x{mb}.json"
     save_profile(prof, path)
     phases = Phases(warmup_steps=0, full_update_every=0, drift=Drift(step_time_error=1e6))

@@ -148,6 +148,25 @@ class _SolverPeak(threading.Thread):
         return self.peak_kb
 
 
+def synthetic_profile(schedule: str, stages: int, mb: int, groups: int) -> Any:
+    """The benchmarks' synthetic profile: seed 0, 2 gradient-trace steps, two stages per rank for
+    multi-stage schedules, other `freezeopt synth` options default."""
+    from freezeopt.synth import SynthOptions, synth_profile
+
+    spr = 2 if schedule in MULTI_STAGE else 1
+    return synth_profile(
+        SynthOptions(
+            schedule=schedule,
+            ranks=stages // spr,
+            stages_per_rank=spr,
+            microbatches=mb,
+            groups=groups,
+            seed=0,
+            trace_steps=2,
+        )
+    )
+
+
 def _perturbed(dag: Any) -> Any:
     """The same schedule with every `WARM_EVERY`-th stage's action and group costs × 1.05."""
     import dataclasses
@@ -393,23 +412,10 @@ class Runner:
         key = (schedule, stages, mb, groups)
         if key not in self.profiles:
             from freezeopt.profile_file import save_profile
-            from freezeopt.synth import SynthOptions, synth_profile
 
-            spr = 2 if schedule in MULTI_STAGE else 1
             path = self.workdir / f"{schedule}-{stages}x{mb}-g{groups}.json"
             t0 = time.perf_counter()
-            p = synth_profile(
-                SynthOptions(
-                    schedule=schedule,
-                    ranks=stages // spr,
-                    stages_per_rank=spr,
-                    microbatches=mb,
-                    groups=groups,
-                    seed=0,
-                    trace_steps=2,
-                )
-            )
-            save_profile(p, path)
+            save_profile(synthetic_profile(schedule, stages, mb, groups), path)
             took = time.perf_counter() - t0
             self.synth_seconds[path.stem] = took
             log(f"synthesised {path.name} in {took:.1f} s")
