@@ -46,6 +46,7 @@ and re-solves it warm whenever only costs changed, cold otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -639,13 +640,13 @@ class LpCache:
         )
         self.solves += 1
         fast, self._fast = self._fast, None  # dropped if this solve fails
+        ans: LpAnswer | None = None
         try:
             if fast is not None and key == self._key:
-                try:
+                # InputError: another schedule or other freezable groups; build anew
+                with contextlib.suppress(InputError):
                     ans = fast.resolve(dag, time_limit=time_limit)
-                except InputError:  # another schedule or other freezable groups
-                    fast = None
-            if fast is None or key != self._key:
+            if ans is None:
                 fast = FastLP(
                     dag,
                     keys=keys,

@@ -16,12 +16,12 @@ the profile's group costs it holds (the solver subtracts them).
 
 The solve: `freezeopt.solve.solve` in the re-plan mode (`heuristic` by default; `lp` or `milp`
 on request) with the schedule's own budget, caps, sensitivity estimator and tolerance from its
-provenance, a time limit, and `fallback="heuristic"`. The `lp` and `heuristic` re-plans solve the LP
-relaxation with HiGHS whatever solver the schedule names (its optimum is the same; a `milp` re-plan
-keeps the schedule's solver), so that a run's re-plans share one model (`freezeopt.lp_fast.LpCache`):
-each re-solves the last from its basis, since only action costs changed. Both the current plan and the new one
-are simulated on the updated costs; the new plan is adopted when it is not predicted slower and
-differs from the current one. The new plan is a complete schedule file (the old one's phases,
+provenance, a time limit, and `fallback="heuristic"`. The `lp` and `heuristic` re-plans solve the
+LP relaxation with HiGHS whatever solver the schedule names (its optimum is the same; a `milp`
+re-plan keeps the schedule's solver), so that a run's re-plans share one model
+(`freezeopt.lp_fast.LpCache`): each re-solves the last from its basis, since only action costs
+changed. Both the current plan and the new one are simulated on the updated costs; the new plan
+is adopted when it is not predicted slower and differs from the current one. The new plan is a complete schedule file (the old one's phases,
 drift rules and realisation; its prediction on the updated costs) with a comment line saying
 where it came from.
 """
