@@ -19,7 +19,8 @@ from freezeopt.profile_file import (
     StageProfile,
     Stat,
 )
-from freezeopt.simulate import simulate
+from freezeopt.simulate import Timer, simulate
+from tests.conftest import make_profile
 
 
 def _stat(x: float) -> Stat:
@@ -99,3 +100,36 @@ def test_all_frozen_floor() -> None:
     dag = build_dag(hand_profile())
     # every B is 1 ms: 1B0 [3,4] 1B1 [4,5] 0B0 [4,5] 0B1 [5,6]
     assert simulate(dag, dag.durations(dag.all_frozen())).makespan == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "ranks"), [("1F1B", 4), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2)]
+)
+def test_timer_retimes_like_simulate_and_its_slack_is_exact(schedule: str, ranks: int) -> None:
+    """`Timer` (what the heuristic re-times with) gives `simulate`'s step time, ends and critical
+    path for any frozen plan, and its slack is exact: an action lengthened by its slack leaves the
+    step as it was, a little more does not."""
+    import random
+
+    dag = build_dag(make_profile(schedule=schedule, ranks=ranks, microbatches=8, groups=3))
+    keys = sorted(dag.all_frozen())
+    timer = Timer(dag)
+    rng = random.Random(1)
+    for _ in range(5):
+        plan = {k: 1.0 for k in keys if rng.random() < 0.4}
+        tl = simulate(dag, dag.durations(plan))
+        d = timer.durations(plan)
+        assert d == pytest.approx([tl.end[a] - tl.start[a] for a in dag.order], abs=1e-12)
+        span, end, path = timer.run(d)
+        assert span == tl.makespan
+        assert end == [tl.end[a] for a in dag.order]
+        assert tuple(path) == tl.critical_path
+        slack = timer.slack(d, end, span)
+        assert min(slack) == pytest.approx(0.0, abs=1e-9)
+        assert all(slack[dag.order.index(a)] == pytest.approx(0.0, abs=1e-9) for a in path)
+        for i in rng.sample(range(len(d)), 6):
+            longer = list(d)
+            longer[i] += slack[i]
+            assert timer.run(longer)[0] == pytest.approx(span, rel=1e-9)
+            longer[i] += 1.0
+            assert timer.run(longer)[0] > span + 0.5
