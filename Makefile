@@ -48,7 +48,7 @@ reliability: install
 
 lint: install
 	$(BIN)/ruff check freezeopt tests benchmarks
-	$(BIN)/ruff format --check freezeopt tests benchmarks
+	$(BIN)/ruff format --check freezeopt tests benchmarks README.md
 	$(BIN)/mypy
 
 clean:
