@@ -56,6 +56,7 @@ __all__ = [
     "RankContext",
     "RankFailedError",
     "cpu_snapshot",
+    "die_with_parent",
     "host_info",
     "in_torchrun",
     "load_avg",
@@ -248,7 +249,7 @@ def _worker(
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    _die_with_parent(parent)
+    die_with_parent(parent)
     beat = Beat(beat_arr, rank)
     code = 0
     try:
@@ -276,9 +277,9 @@ def _worker(
     os._exit(code)
 
 
-def _die_with_parent(parent: int) -> None:
-    """End this rank when the freezeopt process that started it is gone (SIGKILLed, say), so no rank
-    is left running, or holding its port, behind a dead parent. On Linux the kernel delivers
+def die_with_parent(parent: int) -> None:
+    """End this process (a rank, or a rank's re-plan solver) when the process that started it is
+    gone (SIGKILLed, say), so nothing is left running, or holding a port, behind a dead parent. On Linux the kernel delivers
     SIGKILL (`prctl(PR_SET_PDEATHSIG)`); elsewhere a thread polls the parent's pid."""
     with contextlib.suppress(OSError, AttributeError):
         if sys.platform.startswith("linux"):

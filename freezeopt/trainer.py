@@ -27,7 +27,8 @@ Online re-planning (`TrainSpec.replan`, `freezeopt.replan`): every measured step
 full-cost estimate (its measured cost plus the profile's cost of the groups it skipped) to a
 window. When a re-plan is due — after every `every`-th step, or when the step-time drift rule
 fires with `on_drift` — and none is in flight, the ranks all-gather their windows' medians and rank
-0 solves in a background thread while training continues. Rank 0 folds "solve finished" into the
+0 solves in a background process (`freezeopt.solver_process`: a thread would hold the GIL the
+training loop needs) while training continues. Rank 0 folds "solve finished" into the
 step's all-reduce, so every rank learns it after the same step; they then receive the outcome by
 `broadcast_object_list` and switch to the new plan from the next step together. The plan version
 goes through the same all-reduce as the phase: ranks that disagree raise. Rank 0 writes the new
@@ -61,7 +62,6 @@ from freezeopt.faults import TrainFault, corrupt, damage_file
 from freezeopt.fileio import atomic_write_text
 from freezeopt.job import Job
 from freezeopt.launch import RankContext
-from freezeopt.lp_fast import LpCache
 from freezeopt.pipeline import (
     Clock,
     PipelinePlan,
@@ -70,8 +70,9 @@ from freezeopt.pipeline import (
     make_schedule,
     validation_loss,
 )
-from freezeopt.replan import MIN_SAMPLES, CostWindow, ReplanOutcome, ReplanSpec, replan, skipped_ms
+from freezeopt.replan import MIN_SAMPLES, CostWindow, ReplanSpec, skipped_ms
 from freezeopt.schedule import Schedule, parse_schedule
+from freezeopt.solver_process import ReplanWorker
 
 __all__ = ["RankTrainResult", "TrainSpec", "jsonable", "train_rank"]
 
@@ -165,15 +166,13 @@ class _Trainer:
         rs = spec.replan if spec.replan is not None and spec.replan.enabled else None
         self.replan_spec = rs if spec.schedule is not None else None
         self.window = CostWindow()
-        self.lp_cache = LpCache()  # rank 0's re-plans re-solve one LP warm
         self.plan_version = 0
         self.plan_text: str | None = None
         """YAML of the adopted re-plan in use (None: the schedule file's plan)."""
         self.inflight: tuple[int, str] | None = None
         """(trigger step, reason) of the re-plan being solved."""
-        self.solver_thread: threading.Thread | None = None
-        self.solved: list[Any] = []
-        """Rank 0: the background solve's answer (an outcome, or an error line)."""
+        self.solver = ReplanWorker()
+        """Rank 0: solves re-plans in a background process (which keeps the run's warm LP)."""
         self.solve_ready = False
         self.drift_replan = False
 
@@ -296,20 +295,7 @@ class _Trainer:
         if self.rank != 0:
             return
         measured = {a: c for d in gathered for a, c in d.items()}
-        current = ctrl.schedule
-        box: list[ReplanOutcome | str] = []
-        self.solved = box
-
-        def work() -> None:
-            try:
-                box.append(
-                    replan(rs, current, measured, step=step, reason=reason, lp_cache=self.lp_cache)
-                )
-            except Exception as e:
-                box.append(f"{type(e).__name__}: {e}".splitlines()[0])
-
-        self.solver_thread = threading.Thread(target=work, name="freezeopt-replan", daemon=True)
-        self.solver_thread.start()
+        self.solver.submit(rs, ctrl.schedule, measured, step=step, reason=reason)
 
     def _apply_replan(self, step: int) -> None:
         """Every rank, after the step whose all-reduce said the solve is done: receive the outcome
@@ -321,7 +307,7 @@ class _Trainer:
         at = step + 1
         payload: dict[str, Any] | None = None
         if self.rank == 0:
-            out = self.solved[0]
+            out = self.solver.result()
             if isinstance(out, str):
                 ev = {"step": at, "event": "replan_failed", "reason": reason, "error": out}
                 payload = {"event": ev, "text": None}
@@ -353,7 +339,7 @@ class _Trainer:
             self.plan_version += 1
             self.plan_text = text
         self._log_events([payload["event"]])
-        self.inflight, self.solved, self.solve_ready = None, [], False
+        self.inflight, self.solve_ready = None, False
 
     def _frozen(self, stage: int, mb: int) -> frozenset[int]:
         assert self.ctrl is not None
@@ -424,6 +410,8 @@ class _Trainer:
 
         spec = self.spec
         self.setup()
+        if self.rank == 0 and self.replan_spec is not None:
+            self.solver.start()  # its Python starts beside the first steps, not at the first re-plan
         start = self._resume() if spec.resume_from else 0
         self._open_logs(start)
         self.beat.tick(1)
@@ -500,8 +488,7 @@ class _Trainer:
             self._save(end, reason="end")
         dist.barrier()
         self._close_logs()
-        if self.solver_thread is not None:  # a solve still running: let it end (time-limited)
-            self.solver_thread.join()
+        self.solver.close()  # a solve still running: let it end (time-limited)
         return RankTrainResult(
             rank=self.rank,
             host=socket.gethostname(),
@@ -557,7 +544,7 @@ class _Trainer:
                     vec[1 + self.gindex[(s, g)]] = math.sqrt(sq)
                     vec[1 + n + self.gindex[(s, g)]] = 1.0
         code = float(_PHASES.index(phase))
-        ready = float(self.rank == 0 and self.inflight is not None and bool(self.solved))
+        ready = float(self.rank == 0 and self.inflight is not None and self.solver.done())
         ver = float(self.plan_version)
         tvec = torch.tensor([t1, -t0, t1 - t0, code, -code, ready, ver, -ver], dtype=torch.float64)
         if self.device.type == "cuda":
