@@ -2,7 +2,8 @@
 #   make demo    profile the built-in job for real → solve → train with the schedule → Gantt (files in out/)
 #   make test    the test suite
 #   make bench   solver benchmarks → benchmarks/solver.md; policies compared → benchmarks/RESULTS.md;
-#                online re-planning after a stage slows down → benchmarks/replan.md
+#                online re-planning after a stage slows down → benchmarks/replan.md; re-plans at
+#                scale → benchmarks/replan_scale.md; training beside a re-plan → benchmarks/overlap.md
 #   make reliability  fuzzing (>10,000 cases) and fault injection → benchmarks/reliability.md
 #   make lint    ruff + mypy
 PYTHON ?= python3
@@ -42,6 +43,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_compare.py --out benchmarks/RESULTS.md --steps 120 --repeats 3 --sweep 0.2
 	$(BIN)/python benchmarks/bench_replan.py --out benchmarks/replan.md --rounds 3
 	$(BIN)/python benchmarks/bench_replan_scale.py --out benchmarks/replan_scale.md
+	$(BIN)/python benchmarks/bench_overlap.py --out benchmarks/overlap.md
 
 reliability: install
 	$(BIN)/python benchmarks/reliability.py --out benchmarks/reliability.md

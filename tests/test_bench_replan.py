@@ -52,3 +52,25 @@ def test_replan_scale_bench_writes_its_table(tmp_path: Path) -> None:
         warm_bound, cold_bound = cells[-1].rstrip(" |").split(" / ")
         assert float(warm_bound) == pytest.approx(float(cold_bound), rel=1e-6)
     assert [c[6] for c in rows] == ["no", "yes", "yes"] * 2
+
+
+def test_overlap_bench_writes_its_table(tmp_path: Path) -> None:
+    """`benchmarks/bench_overlap.py` on a tiny re-plan: the three loops and the solve's seconds
+    (no timing checks)."""
+    out = tmp_path / "overlap.md"
+    script = ROOT / "benchmarks" / "bench_overlap.py"
+    r = subprocess.run(
+        [sys.executable, str(script), "--size", "4x8", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = out.read_text()
+    assert "| command | `python benchmarks/bench_overlap.py --size 4x8" in text
+    rows = [
+        line for line in text.splitlines() if line.startswith("| alone") or "re-plan in" in line
+    ]
+    assert len(rows) == 3 and rows[0].endswith("| — |")
+    assert all(float(r.split("|")[-2]) >= 0 for r in rows[1:])  # each re-plan reports its seconds
