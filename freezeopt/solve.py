@@ -567,6 +567,12 @@ class _Deadline:
         return self.hit
 
 
+TRIES = 200
+"""Re-timings each fill or swap search may try (the time limit also stops them). Until the
+simulator's passes were compiled, DAGs over 20,000 actions got 20: at 1F1B 64×256, 200 take the
+gap to the LP bound from 3.74 % to 2.98 %, in 44 s of search instead of 7 s."""
+
+
 def _round_and_fill(
     dag: PipelineDag, model: _Model, lp_x: Mapping[Key, float], clock: _Deadline | None = None
 ) -> dict[Key, float]:
@@ -574,16 +580,15 @@ def _round_and_fill(
     allows, then move frozen microbatches onto the critical path (`_swap`) and fill again. Past
     `clock`'s deadline the search stops and the plan so far (always feasible) is the answer."""
     clock = clock if clock is not None else _Deadline()
-    tries = 200 if len(dag.order) <= 20000 else 20
     timing = Timer(dag)
-    plan = _fill(dag, model, _round_down(model, lp_x), tries, timing, clock=clock)
+    plan = _fill(dag, model, _round_down(model, lp_x), TRIES, timing, clock=clock)
     for _ in range(4):  # a swap shortens the critical path at no signal cost; fill may use it
-        swapped = _swap(dag, model, plan, tries, timing, clock=clock)
+        swapped = _swap(dag, model, plan, TRIES, timing, clock=clock)
         if swapped is plan:
-            swapped = _swap(dag, model, plan, tries, timing, cross=True, clock=clock)
+            swapped = _swap(dag, model, plan, TRIES, timing, cross=True, clock=clock)
         if swapped is plan:
             break
-        plan = _fill(dag, model, swapped, tries, timing, clock=clock)
+        plan = _fill(dag, model, swapped, TRIES, timing, clock=clock)
     return plan
 
 
