@@ -215,6 +215,7 @@ def replan(
     Pass the same `lp_cache` to every re-plan of a run to re-solve its LP warm."""
     t0 = time.perf_counter()
     profile = spec.profile
+    check_profile_fits(current, profile, source=f"sha256 {spec.profile_sha256[:12]}")
     dag = measured_dag(build_dag(profile), measured)
     opts = solve_options(current, spec)
     warm_before = lp_cache.warm_solves if lp_cache is not None else 0

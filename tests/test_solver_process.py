@@ -74,7 +74,11 @@ def test_worker_errors_are_one_line_and_a_dead_child_is_replaced(tmp_path: Path)
         wrong = ReplanSpec(profile=other, profile_sha256=profile_sha256(other), every=5)
         w.submit(wrong, sched, measured, step=5, reason="every")  # another pipeline's profile
         err = _wait(w)
-        assert isinstance(err, str) and "\n" not in err and err.split(": ")[0].endswith("Error")
+        assert (
+            isinstance(err, str)
+            and "\n" not in err
+            and err.startswith("MismatchError: profile sha256 ")
+        )
         first = w._proc
         assert first is not None and first.poll() is None  # a user error leaves the child serving
         os.kill(first.pid, signal.SIGKILL)  # as if it died in a solve:
