@@ -14,7 +14,9 @@ hidden `--fault` option of `freezeopt train`, several separated by `;`:
 * `corrupt_checkpoint:step=K[,rank=R]` flips one byte of rank R's file (default 0) in the newest
   checkpoint at the start of step K, as a failing disk would;
 * `crash:rank=R,step=K`, `kill:…` and `hang:…` as in `freezeopt profile` (rank R raises, dies of
-  SIGKILL or blocks forever in its first forward of step K).
+  SIGKILL or blocks forever in its first forward of step K);
+* `slow_replan:ms=X` makes the solver process wait X ms before each re-plan (a re-plan still
+  solving when the run ends).
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from freezeopt.errors import InputError
 __all__ = ["TrainFault", "corrupt", "damage_file", "parse_train_faults"]
 
 FaultKind = Literal[
-    "lr_spike", "corrupt_batch", "slow", "nan_loss", "corrupt_checkpoint", "crash", "kill", "hang"
+    "lr_spike",
+    "corrupt_batch",
+    "slow",
+    "nan_loss",
+    "corrupt_checkpoint",
+    "crash",
+    "kill",
+    "hang",
+    "slow_replan",
 ]
 
 
@@ -55,6 +65,7 @@ _FAULT_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind → (required, o
     "crash": ({"rank", "step"}, set()),
     "kill": ({"rank", "step"}, set()),
     "hang": ({"rank", "step"}, set()),
+    "slow_replan": ({"ms"}, set()),
 }
 _FAULT_RE = re.compile(r"^([a-z_]+):(.*)$")
 

@@ -22,6 +22,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -64,15 +65,17 @@ class ReplanWorker:
         *,
         step: int,
         reason: str,
+        delay_s: float = 0.0,
     ) -> None:
-        """Start solving; the previous re-plan must have been collected."""
+        """Start solving; the previous re-plan must have been collected. `delay_s`: the child
+        waits that long first (the test-only `slow_replan` fault)."""
         assert not self.running(), "collect the running re-plan first"
         self.start()
         proc = self._proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
         box: list[ReplanOutcome | str] = []
         self._answer = box
-        request = (spec, current, dict(measured), step, reason)
+        request = (spec, current, dict(measured), step, reason, delay_s)
         stdin, stdout = proc.stdin, proc.stdout
 
         def talk() -> None:  # blocking pipe I/O, off the training thread (it releases the GIL)
@@ -95,6 +98,11 @@ class ReplanWorker:
     def done(self) -> bool:
         """True when the submitted re-plan has an answer (or failed)."""
         return self._reader is not None and bool(self._answer)
+
+    def wait(self) -> None:
+        """Block until the submitted re-plan has an answer (each solve is time-limited)."""
+        if self._reader is not None:
+            self._reader.join()
 
     def result(self) -> ReplanOutcome | str:
         """The finished re-plan's outcome, or its error as one line; clears it for the next."""
@@ -135,9 +143,10 @@ def _serve(parent: int, requests: IO[bytes], answers: IO[bytes]) -> None:
     cache = LpCache()
     while True:
         try:
-            spec, current, measured, step, reason = pickle.load(requests)
+            spec, current, measured, step, reason, delay_s = pickle.load(requests)
         except EOFError:
             return
+        time.sleep(delay_s)
         answer: tuple[str, Any]
         try:
             answer = (

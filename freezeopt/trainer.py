@@ -33,7 +33,8 @@ step's all-reduce, so every rank learns it after the same step; they then receiv
 `broadcast_object_list` and switch to the new plan from the next step together. The plan version
 goes through the same all-reduce as the phase: ranks that disagree raise. Rank 0 writes the new
 plan to `replans/step-NNNNNNNN.yaml` (the first step it runs) and a `replan` event (or
-`replan_rejected` when it is not predicted faster, `replan_failed` when the solve failed). The
+`replan_rejected` when it is not predicted faster, `replan_failed` when the solve failed); a
+re-plan still solving when the last step ends is waited for and reported at that step. The
 active plan is part of every checkpoint, so a resume continues with it.
 
 Test-only faults (`freezeopt.faults`) hook in at the batch, the learning rate and each action.
@@ -295,7 +296,8 @@ class _Trainer:
         if self.rank != 0:
             return
         measured = {a: c for d in gathered for a, c in d.items()}
-        self.solver.submit(rs, ctrl.schedule, measured, step=step, reason=reason)
+        delay = sum(f.ms for f in self.faults if f.kind == "slow_replan") / 1e3
+        self.solver.submit(rs, ctrl.schedule, measured, step=step, reason=reason, delay_s=delay)
 
     def _apply_replan(self, step: int) -> None:
         """Every rank, after the step whose all-reduce said the solve is done: receive the outcome
@@ -480,6 +482,12 @@ class _Trainer:
                     )
                     break
             self.beat.tick(2 + step - start)
+        if (
+            self.inflight is not None
+        ):  # a re-plan still solving: wait, report it, keep it for a resume
+            if self.rank == 0:
+                self.solver.wait()
+            self._apply_replan(end - 1)
         if end == spec.steps:
             v = self._validate(end)
             if v is not None:
@@ -488,7 +496,7 @@ class _Trainer:
             self._save(end, reason="end")
         dist.barrier()
         self._close_logs()
-        self.solver.close()  # a solve still running: let it end (time-limited)
+        self.solver.close()
         return RankTrainResult(
             rank=self.rank,
             host=socket.gethostname(),

@@ -255,6 +255,32 @@ def test_replan_on_a_split_backward_schedule(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_replan_still_solving_at_the_end_is_waited_for_and_reported(
+    tmp_path: Path, small_profile: Path
+) -> None:
+    """The solver process waits 3 s before solving (test-only fault); the re-plan triggered after
+    step 3 of 6 is still solving when the last step ends. The run waits for it and reports it at
+    step 6: its event and file are written, no step ran it."""
+    job = small_job()
+    sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-2"}})
+    rep = train_job(
+        job,
+        schedule_path=sched,
+        profile_path=small_profile,
+        replan_every=4,
+        steps=6,
+        out_dir=tmp_path / "run",
+        fault="slow_replan:ms=3000",
+        progress=False,
+    )
+    evs = [e for e in rep.events if e["event"].startswith("replan")]
+    assert len(evs) == 1 and evs[0]["trigger_step"] == 3 and evs[0]["step"] == 6
+    assert evs[0]["event"] in ("replan", "replan_rejected")
+    assert Path(evs[0]["file"]).is_file() and rep.replan_steps == ()
+    assert evs == [e for e in events(tmp_path / "run") if e["event"].startswith("replan")]
+
+
+@pytest.mark.slow
 def test_step_time_drift_replans_instead_of_falling_back(
     tmp_path: Path, small_profile: Path
 ) -> None:
