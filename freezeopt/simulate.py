@@ -28,7 +28,7 @@ import numpy as np
 from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 
-__all__ = ["Timeline", "Timer", "simulate"]
+__all__ = ["Timeline", "Timer", "load_passes", "simulate"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +84,12 @@ def _passes() -> tuple[Any, Any]:
         return out
 
     return forward, backward
+
+
+def load_passes() -> None:
+    """Import numba and load (the first time on a machine: compile) the passes now, so a
+    process that will time DAGs later pays for it before it is in a hurry."""
+    _passes()
 
 
 def _csr(rows: Sequence[Sequence[tuple[int, float]]]) -> tuple[np.ndarray, ...]:

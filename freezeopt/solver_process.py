@@ -3,9 +3,11 @@
 What: `ReplanWorker` runs `freezeopt.replan.replan` in one child process per training run (rank
 0's, `python -m freezeopt.solver_process`), started with the run so the first re-plan does not
 wait for Python to start. Requests and answers are pickles over the child's stdin and stdout. The
-child keeps the run's `LpCache`, so each re-plan re-solves the LP warm as before; it runs at lower
-CPU priority (nice +10), so on a machine whose cores the ranks keep busy, training keeps them; and
-it dies with the rank that started it (`launch.die_with_parent`).
+child keeps the run's `LpCache`, so each re-plan re-solves the LP warm as before. It runs at lower
+CPU priority (nice +5: on a machine whose cores the ranks keep busy, training gets most of them,
+and a re-plan still lands within a few steps; at +10 it was starved past the end of short test
+runs), loads the compiled simulator passes before the first re-plan, and dies with the rank that
+started it (`launch.die_with_parent`).
 
 Why not a thread: the heuristic's search is pure Python and holds the GIL, and a rank's training
 loop needs the GIL between every pair of torch calls. Measured (`benchmarks/bench_overlap.py`): a
@@ -32,7 +34,7 @@ from freezeopt.schedule import Schedule
 
 __all__ = ["NICE", "ReplanWorker"]
 
-NICE = 10
+NICE = 5
 """How much lower the solver process's CPU priority is than the rank's."""
 
 
@@ -136,10 +138,12 @@ def _serve(parent: int, requests: IO[bytes], answers: IO[bytes]) -> None:
     from freezeopt.launch import die_with_parent
     from freezeopt.lp_fast import LpCache
     from freezeopt.replan import replan
+    from freezeopt.simulate import load_passes
 
     die_with_parent(parent)
     with contextlib.suppress(OSError):
         os.nice(NICE)
+    load_passes()  # numba, before the first re-plan (at low priority it could take seconds then)
     cache = LpCache()
     while True:
         try:
