@@ -279,8 +279,9 @@ def _worker(
 
 def die_with_parent(parent: int) -> None:
     """End this process (a rank, or a rank's re-plan solver) when the process that started it is
-    gone (SIGKILLed, say), so nothing is left running, or holding a port, behind a dead parent. On Linux the kernel delivers
-    SIGKILL (`prctl(PR_SET_PDEATHSIG)`); elsewhere a thread polls the parent's pid."""
+    gone (SIGKILLed, say), so nothing is left running, or holding a port, behind a dead parent. On
+    Linux the kernel delivers SIGKILL (`prctl(PR_SET_PDEATHSIG)`); elsewhere a thread polls the
+    parent's pid."""
     with contextlib.suppress(OSError, AttributeError):
         if sys.platform.startswith("linux"):
             import ctypes

@@ -21,9 +21,9 @@ LP relaxation with HiGHS whatever solver the schedule names (its optimum is the 
 re-plan keeps the schedule's solver), so that a run's re-plans share one model
 (`freezeopt.lp_fast.LpCache`): each re-solves the last from its basis, since only action costs
 changed. Both the current plan and the new one are simulated on the updated costs; the new plan
-is adopted when it is not predicted slower and differs from the current one. The new plan is a complete schedule file (the old one's phases,
-drift rules and realisation; its prediction on the updated costs) with a comment line saying
-where it came from.
+is adopted when it is not predicted slower and differs from the current one. The new plan is a
+complete schedule file (the old one's phases, drift rules and realisation; its prediction on the
+updated costs) with a comment line saying where it came from.
 """
 
 from __future__ import annotations

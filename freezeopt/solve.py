@@ -755,10 +755,10 @@ def _swap(
             sg = (k[0].stage, k[1])
             if (donor[0].stage, donor[1]) != sg:
                 continue
-            free = [c[2] for c in spare.get(sg, []) if c[2] not in used]
-            if free:
-                used.add(free[0])
-                batch.append((k, free[0]))
+            free = next((c[2] for c in spare.get(sg, ()) if c[2] not in used), None)
+            if free is not None:
+                used.add(free)
+                batch.append((k, free))
             if len(batch) == BATCH:
                 break
         if len(batch) > 1:

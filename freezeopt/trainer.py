@@ -300,8 +300,9 @@ class _Trainer:
         self.solver.submit(rs, ctrl.schedule, measured, step=step, reason=reason, delay_s=delay)
 
     def _apply_replan(self, step: int) -> None:
-        """Every rank, after the step whose all-reduce said the solve is done: receive the outcome
-        from rank 0 and run the new plan from step `step + 1` on."""
+        """Every rank, after the step whose all-reduce said the solve is done (or after the last
+        step, once rank 0 has waited for it): receive the outcome from rank 0 and run the new plan
+        from step `step + 1` on."""
         import torch.distributed as dist
 
         assert self.inflight is not None and self.ctrl is not None
@@ -482,9 +483,8 @@ class _Trainer:
                     )
                     break
             self.beat.tick(2 + step - start)
-        if (
-            self.inflight is not None
-        ):  # a re-plan still solving: wait, report it, keep it for a resume
+        # a re-plan still solving: wait for it, report it, and keep it (adopted) for a resume
+        if self.inflight is not None:
             if self.rank == 0:
                 self.solver.wait()
             self._apply_replan(end - 1)
