@@ -12,18 +12,23 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_replan.py"
 
 
+def _bench(script: str, *args: str, timeout: float) -> None:
+    """Run `benchmarks/<script>` from the repo root; it must exit 0."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_short_replan_bench_writes_its_table(tmp_path: Path) -> None:
     out = tmp_path / "replan.md"
     args = ["--rounds", "1", "--steps", "10", "--slow-from", "4", "--replan-every", "3"]
-    r = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, "--work", str(tmp_path / "w"), "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    _bench(SCRIPT.name, *args, "--work", str(tmp_path / "w"), "--out", str(out), timeout=900)
     text = out.read_text()
     assert "Command: `python benchmarks/bench_replan.py --rounds 1 --steps 10" in text
     assert "| kept | " in text and "| replan | " in text
@@ -39,12 +44,8 @@ def test_replan_scale_bench_writes_its_table(tmp_path: Path) -> None:
     """`benchmarks/bench_replan_scale.py` on tiny cases: warm re-plans after the first, and warm
     and cold LP bounds agree in every row."""
     out = tmp_path / "scale.md"
-    script = ROOT / "benchmarks" / "bench_replan_scale.py"
     args = ["--cases", "1F1B:4x8,ZBVZeroBubble:4x8", "--replans", "3", "--out", str(out)]
-    r = subprocess.run(
-        [sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    _bench("bench_replan_scale.py", *args, timeout=600)
     rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| 1F1B")]
     rows += [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| ZBV")]
     assert len(rows) == 6
@@ -58,15 +59,7 @@ def test_overlap_bench_writes_its_table(tmp_path: Path) -> None:
     """`benchmarks/bench_overlap.py` on a tiny re-plan: the three loops and the solve's seconds
     (no timing checks)."""
     out = tmp_path / "overlap.md"
-    script = ROOT / "benchmarks" / "bench_overlap.py"
-    r = subprocess.run(
-        [sys.executable, str(script), "--size", "4x8", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    _bench("bench_overlap.py", "--size", "4x8", "--out", str(out), timeout=600)
     text = out.read_text()
     assert "| command | `python benchmarks/bench_overlap.py --size 4x8" in text
     rows = [
