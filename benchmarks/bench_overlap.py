@@ -114,8 +114,9 @@ def main() -> int:
     rows.append(("re-plan in a thread of this process", stats, box[0].solve_s))
 
     worker = ReplanWorker()
-    worker.start()
-    time.sleep(2.0)  # its Python and imports, as `freezeopt train` starts it with the run
+    worker.start()  # as `freezeopt train` starts it with the run: Python and imports come first
+    if not worker.ready(timeout=120):
+        raise SystemExit("the solver process did not start")
     worker.submit(spec, sched, measured, step=0, reason="every")
     stats = loop_while(lambda: not worker.done())
     out = worker.result()

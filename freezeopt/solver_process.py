@@ -6,8 +6,9 @@ wait for Python to start. Requests and answers are pickles over the child's stdi
 child keeps the run's `LpCache`, so each re-plan re-solves the LP warm as before. It runs at lower
 CPU priority (nice +5: on a machine whose cores the ranks keep busy, training gets most of them,
 and a re-plan still lands within a few steps; at +10 it was starved past the end of short test
-runs), loads the compiled simulator passes before the first re-plan, and dies with the rank that
-started it (`launch.die_with_parent`).
+runs), loads the compiled simulator passes before the first re-plan and then says it is ready (its
+first message; `ReplanWorker.ready`), and dies with the rank that started it
+(`launch.die_with_parent`).
 
 Why not a thread: the heuristic's search is pure Python and holds the GIL, and a rank's training
 loop needs the GIL between every pair of torch calls. Measured (`benchmarks/bench_overlap.py`): a
@@ -45,9 +46,12 @@ class ReplanWorker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._answer: list[ReplanOutcome | str] = []
+        self._hello: threading.Thread | None = None
+        self._ready = threading.Event()
 
     def start(self) -> None:
-        """Start the child now (Python and imports), not at the first re-plan."""
+        """Start the child now (Python and imports), not at the first re-plan; `ready` says when
+        it can take one."""
         if self._proc is None or self._proc.poll() is not None:
             root = str(Path(__file__).resolve().parents[1])  # where `freezeopt` imports from
             path = os.environ.get("PYTHONPATH")
@@ -58,6 +62,21 @@ class ReplanWorker:
                 stdout=subprocess.PIPE,
                 env=env,
             )
+            self._ready = ready = threading.Event()
+            stdout = self._proc.stdout
+
+            def hello() -> None:  # the child's first message: imports done, passes loaded
+                with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
+                    if pickle.load(stdout) == ("ready", None):
+                        ready.set()
+
+            self._hello = threading.Thread(target=hello, name="freezeopt-replan-hello", daemon=True)
+            self._hello.start()
+
+    def ready(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds for the started child to finish starting; True once it
+        has (imports done, compiled passes loaded), False if not yet or if it died first."""
+        return self._ready.wait(timeout)
 
     def submit(
         self,
@@ -78,12 +97,14 @@ class ReplanWorker:
         box: list[ReplanOutcome | str] = []
         self._answer = box
         request = (spec, current, dict(measured), step, reason, delay_s)
-        stdin, stdout = proc.stdin, proc.stdout
+        stdin, stdout, hello = proc.stdin, proc.stdout, self._hello
+        assert hello is not None
 
         def talk() -> None:  # blocking pipe I/O, off the training thread (it releases the GIL)
             try:
                 pickle.dump(request, stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 stdin.flush()
+                hello.join()  # the child's "ready" comes first on its stdout
                 kind, value = pickle.load(stdout)
                 box.append(value if kind == "ok" else str(value))
             except (OSError, EOFError, pickle.UnpicklingError) as e:
@@ -145,6 +166,8 @@ def _serve(parent: int, requests: IO[bytes], answers: IO[bytes]) -> None:
         os.nice(NICE)
     load_passes()  # numba, before the first re-plan (at low priority it could take seconds then)
     cache = LpCache()
+    pickle.dump(("ready", None), answers, protocol=pickle.HIGHEST_PROTOCOL)
+    answers.flush()
     while True:
         try:
             spec, current, measured, step, reason, delay_s = pickle.load(requests)

@@ -50,6 +50,7 @@ def test_worker_answers_as_replan_does_and_keeps_the_lp_warm(tmp_path: Path) -> 
         w.start()
         child = w._proc
         assert child is not None and child.pid != os.getpid()
+        assert w.ready(timeout=120)  # it says when its imports and compiled passes are loaded
         w.submit(spec, sched, measured, step=5, reason="every")
         assert w.running()
         first = _wait(w)
