@@ -64,6 +64,7 @@ class ReplanWorker:
             )
             self._ready = ready = threading.Event()
             stdout = self._proc.stdout
+            assert stdout is not None
 
             def hello() -> None:  # the child's first message: imports done, passes loaded
                 with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
