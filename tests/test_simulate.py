@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +137,25 @@ def test_timer_retimes_like_simulate_and_its_slack_is_exact(schedule: str, ranks
             assert timer.run(longer)[0] == pytest.approx(span, rel=1e-9)
             longer[i] += 1.0
             assert timer.run(longer)[0] > span + 0.5
+
+
+def test_the_passes_compile_without_a_writable_cache(tmp_path: Path) -> None:
+    """Where numba has nowhere to write its cache (a read-only install and home), the passes are
+    compiled in the process instead of failing. numba is told so by allowing only a cache
+    location that never applies (the tests may run as root, which ignores file modes)."""
+    dag = build_dag(make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3))
+    code = (
+        "import sys; from freezeopt.dag import build_dag; from freezeopt.simulate import simulate;"
+        "from tests.conftest import make_profile;"
+        "dag = build_dag(make_profile(schedule='1F1B', ranks=4, microbatches=8, groups=3));"
+        "print(repr(simulate(dag, dag.durations(dag.all_frozen())).makespan))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "IPythonCacheLocator"}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    want = simulate(dag, dag.durations(dag.all_frozen())).makespan
+    assert float(run.stdout) == want
