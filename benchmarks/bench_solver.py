@@ -861,8 +861,9 @@ def render(
             "both phases from the last basis. Up to 32×128 the same child also solved the new costs "
             "cold; check = relative difference of T and of signal to that cold answer.",
             '- **heuristic** — `solve(mode="heuristic", solver="highs")`: the LP above, rounded '
-            "down and filled greedily; total s = `solve_seconds` (LP, rounding, fill and three "
-            "simulations), plan ms = its simulated step time, gap = (plan − LP bound) / plan.",
+            "down, filled greedily and improved by swaps; total s = `solve_seconds` (LP, rounding, "
+            "the fill and swap search, and three simulations), plan ms = its simulated step time, "
+            "gap = (plan − LP bound) / plan.",
             "- **lp, PuLP → HiGHS / CBC** — the plain PuLP model of both phases "
             "(`_Model.solve_lp_pulp`, as `--solver cbc` runs and as `--solver highs` ran before): "
             "build s = PuLP objects, solve s = the solver including PuLP's transfer; check = "

@@ -12,8 +12,9 @@ first message; `ReplanWorker.ready`), and dies with the rank that started it
 
 Why not a thread: the heuristic's search is pure Python and holds the GIL, and a rank's training
 loop needs the GIL between every pair of torch calls. Measured (`benchmarks/bench_overlap.py`): a
-training-like loop beside a 32×128 heuristic re-plan ran 460 iterations/s, with a 1.4 s stall,
-when the re-plan ran in a thread; 818 beside the process, 835 alone.
+training-like loop beside a 32×128 heuristic re-plan (7.4 s) ran 664 iterations/s, with a 0.6 s
+stall, when the re-plan ran in a thread; 814 beside the process, 818 alone. (Before the search
+moved onto arrays it held the GIL longer: 460 in a thread, with a 1.4 s stall.)
 Why not `multiprocessing`: ranks are daemonic processes, which may not have children.
 """
 
