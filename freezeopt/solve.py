@@ -31,6 +31,7 @@ basis or incumbent; CBC solves phase 2 from a fresh model, MIP-started from phas
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -133,9 +134,9 @@ def solve(
     mode = opts.mode
     t0 = time.perf_counter()
     deadline = t0 + opts.time_limit
-    baseline = simulate(dag).makespan
-    floor = simulate(dag, dag.durations(dag.all_frozen())).makespan
     model = _Model(dag, signal, opts, lp_cache=lp_cache)
+    baseline = model.makespan({})
+    floor = model.makespan(dag.all_frozen())
     notes: list[str] = []
 
     try:
@@ -166,7 +167,7 @@ def solve(
         if opts.mode == "milp":
             frozen, status, milp_notes = model.solve_milp(frozen, deadline, write=opts.write_model)
             notes.extend(milp_notes)
-    predicted = simulate(dag, dag.durations(frozen)).makespan
+    predicted = model.makespan(frozen)
     lp_bound = min(lp1, predicted)
     return SolveResult(
         status=status,
@@ -261,6 +262,17 @@ class _Model:
             for g, c in enumerate(cs)
             if c > 0
         }
+
+    @functools.cached_property
+    def timer(self) -> Timer:
+        """The DAG as arrays for re-timing (built once per model: about 0.1 s per 8 k actions)."""
+        return Timer(self.dag)
+
+    def makespan(self, plan: Mapping[Key, float]) -> float:
+        """The step time `simulate` gives for a plan (durations clipped at zero as
+        `PipelineDag.durations` clips them)."""
+        t = self.timer
+        return t.times(np.maximum(t.durations(plan), 0.0))[0]
 
     def index(self, timing: Timer) -> _Index:
         """The keys as arrays for the heuristic's search (built once per model)."""
@@ -398,9 +410,7 @@ class _Model:
         plan1 = {k: _clip(v.value()) for k, v in v1.x.items()}
         if integer:
             plan1 = {k: float(round(x)) for k, x in plan1.items()}
-            t1 = simulate(
-                self.dag, self.dag.durations(plan1)
-            ).makespan  # the incumbent's true makespan
+            t1 = self.makespan(plan1)  # the incumbent's true makespan
         else:
             t1 = float(v1.T.value())
         t_max = self.t_limit(t1)
@@ -535,10 +545,7 @@ class _Model:
             )
         best = {k: v for k, v in plan.items() if v}
         # never return worse than the warm start (a solver may ignore it)
-        if (
-            simulate(self.dag, self.dag.durations(best)).makespan
-            > simulate(self.dag, self.dag.durations(start)).makespan + 1e-9
-        ):
+        if self.makespan(best) > self.makespan(start) + 1e-9:
             notes.append(
                 "the solver returned a plan slower than its warm start; kept the warm start"
             )
@@ -661,7 +668,7 @@ def _round_and_fill(
     allows, then move frozen microbatches onto the critical path (`_swap`) and fill again. Past
     `clock`'s deadline the search stops and the plan so far (always feasible) is the answer."""
     clock = clock if clock is not None else _Deadline()
-    timing = Timer(dag)
+    timing = model.timer
     plan = _fill(dag, model, _round_down(model, lp_x), TRIES, timing, clock=clock)
     for _ in range(4):  # a swap shortens the critical path at no signal cost; fill may use it
         swapped = _swap(dag, model, plan, TRIES, timing, clock=clock)
