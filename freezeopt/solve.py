@@ -252,7 +252,6 @@ class _Model:
         ]
         self.build_seconds = 0.0
         self.solver_seconds = 0.0
-        self._index: _Index | None = None
         self.by_group: dict[tuple[int, int], list[Key]] = {}
         for k in self.keys:
             self.by_group.setdefault((k[0].stage, k[1]), []).append(k)
@@ -274,11 +273,10 @@ class _Model:
         t = self.timer
         return t.times(np.maximum(t.durations(plan), 0.0))[0]
 
-    def index(self, timing: Timer) -> _Index:
-        """The keys as arrays for the heuristic's search (built once per model)."""
-        if self._index is None:
-            self._index = _Index.of(self, timing)
-        return self._index
+    @functools.cached_property
+    def index(self) -> _Index:
+        """The keys as arrays over `timer`'s positions, for the heuristic's search."""
+        return _Index.of(self)
 
     # -- evaluation -------------------------------------------------------------------------
     def counts(self, frozen: Mapping[Key, float]) -> dict[tuple[int, int], float]:
@@ -602,19 +600,26 @@ class _Index:
     """Per key: ms saved when it is frozen."""
     sg: tuple[tuple[int, int], ...]
     """Per key: (stage, group)."""
+    sg_id: np.ndarray
+    """Per key: its (stage, group) as one number, ordered as the pairs are."""
     group: tuple[int, ...]
     at: tuple[tuple[int, ...], ...]
     """Per action position: its keys, in group order."""
     rank: tuple[int, ...]
     """Per action position: where its name (`0B3`) sorts among all names; the search breaks ties
     by name, as it always has."""
+    rank_a: np.ndarray
+    """`rank` as an array."""
     pos: Mapping[Key, int]
     """Key → index."""
 
     @staticmethod
-    def of(model: _Model, timing: Timer) -> _Index:
+    def of(model: _Model) -> _Index:
         keys = model.keys
+        timing = model.timer
         idx = timing.idx
+        pairs = sorted({(a.stage, g) for a, g in keys})
+        number = {sg: i for i, sg in enumerate(pairs)}
         act = [idx[a] for a, _ in keys]
         at: list[list[int]] = [[] for _ in timing.order]
         for i, v in enumerate(act):
@@ -627,9 +632,11 @@ class _Index:
             act=np.array(act, dtype=np.int64),
             cost=np.array([model.dag.group_cost[a.stage][g] for a, g in keys], dtype=float),
             sg=tuple((a.stage, g) for a, g in keys),
+            sg_id=np.array([number[(a.stage, g)] for a, g in keys], dtype=np.int64),
             group=tuple(g for _, g in keys),
             at=tuple(tuple(x) for x in at),
             rank=tuple(rank),
+            rank_a=np.array(rank, dtype=np.int64),
             pos={k: i for i, k in enumerate(keys)},
         )
 
@@ -725,7 +732,7 @@ def _fill(
 ) -> dict[Key, float]:
     """Freeze one more (action, group) on the critical path at a time, the most time saved per
     signal spent first, while the step gets shorter and budget and caps allow."""
-    ix = model.index(timing)
+    ix = model.index
     counts, signal, per_stage, stage_cap = _tally(dag, model, plan)
     on = ix.mask(plan)
     d = ix.durations(timing.base, on)
@@ -788,7 +795,7 @@ def _swap(
     Each try first makes up to `BATCH` same-group moves at once (each target its own donor), then,
     if that does not shorten the step, the best four moves one at a time. Returns `plan` itself
     when no move helped."""
-    ix = model.index(timing)
+    ix = model.index
     base = timing.base
     on = ix.mask(plan)
     d = ix.durations(base, on)
@@ -796,8 +803,6 @@ def _swap(
     budget = model.opts.budget + 1e-9
     share = model.stage_share
     counts, signal, per_stage, stage_cap = _tally(dag, model, plan)
-    rank = np.array(ix.rank, dtype=np.int64)
-    sg_id = np.array([s * 1_000_003 + g for s, g in ix.sg], dtype=np.int64)
     moved = False
     for _ in range(tries):
         if clock is not None and clock.passed():
@@ -813,7 +818,7 @@ def _swap(
         sl = slack[va]
         ok = ~on_path[va] & (sl >= ix.cost[frozen] - 1e-9)
         frozen, va, sl = frozen[ok], va[ok], sl[ok]
-        by = np.lexsort((rank[va], -sl, sg_id[frozen]))
+        by = np.lexsort((ix.rank_a[va], -sl, ix.sg_id[frozen]))
         spare: dict[tuple[int, int], list[int]] = {}
         for i in frozen[by].tolist():
             spare.setdefault(ix.sg[i], []).append(i)
