@@ -285,3 +285,35 @@ def test_cross_group_swaps_keep_budget_and_caps(stage_cap: float | None) -> None
         assert timing.run(timing.durations(out))[0] <= before
         moved += out is not plan and model.counts(out) != model.counts(plan)
     assert moved, "some move changed the counts"
+
+
+def test_model_makespan_is_simulates_step_time_for_any_plan() -> None:
+    """`_Model.makespan` (one Timer per model) gives `simulate`'s step time exactly, fractional
+    plans and over-full actions (clipped at zero) included."""
+    import dataclasses
+    import random
+
+    from freezeopt.solve import _Model
+
+    p = make_profile(schedule="Interleaved1F1B", ranks=2, microbatches=6, groups=3)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="heuristic")
+    model = _Model(dag, estimate_signal(p, opts.sensitivity), opts)
+    rng = random.Random(4)
+    keys = sorted(dag.all_frozen())
+    for _ in range(10):
+        plan = {k: rng.choice([0.0, 0.3, 1.0]) for k in keys if rng.random() < 0.6}
+        assert model.makespan(plan) == simulate(dag, dag.durations(plan)).makespan
+    # group costs above an action's cost: its duration clips at zero in both (the search's own
+    # re-timings leave it negative, which shortens the step where the action is critical).
+    p1 = make_profile(schedule="1F1B", ranks=2, microbatches=2, groups=3)
+    one = build_dag(p1)
+    shorter = 0
+    for a in one.freezable():
+        tight = dataclasses.replace(one, cost={**one.cost, a: 0.01 * one.cost[a]})
+        model = _Model(tight, estimate_signal(p1, opts.sensitivity), opts)
+        plan = {k: 1.0 for k in tight.all_frozen() if k[0] == a}
+        want = simulate(tight, tight.durations(plan)).makespan
+        assert model.makespan(plan) == want
+        shorter += model.timer.times(model.timer.durations(plan))[0] < want - 1e-6
+    assert shorter > 0
