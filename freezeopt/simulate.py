@@ -119,7 +119,6 @@ class Timer:
             [[(idx[u], at["lag"]) for u, at in g.pred[v].items()] for v in self.order]
         )
         self._succ: tuple[np.ndarray, ...] | None = None
-        self._graph = g
         self.base = np.array([dag.cost[a] for a in dag.order], dtype=float)
         self.gcost = dag.group_cost
 
@@ -154,11 +153,14 @@ class Timer:
 
     def slack(self, d: Sequence[float] | np.ndarray, end: np.ndarray, span: float) -> np.ndarray:
         """How much longer each action could run without lengthening the step (total float)."""
-        if self._succ is None:
-            idx, g = self.idx, self._graph
-            self._succ = _csr(
-                [[(idx[w], at["lag"]) for w, at in g.succ[v].items()] for v in self.order]
-            )
+        if self._succ is None:  # the in-edge arrays turned around (a min needs no edge order)
+            ptr, src, lag = self._pred
+            n = len(self.order)
+            by_src = np.argsort(src, kind="stable")
+            dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+            out_ptr = np.zeros(n + 1, dtype=np.int64)
+            out_ptr[1:] = np.cumsum(np.bincount(src, minlength=n))
+            self._succ = (out_ptr, dst[by_src], lag[by_src])
         _, backward = _passes()
         return backward(np.asarray(d, dtype=float), end, float(span), *self._succ)
 
