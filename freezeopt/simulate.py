@@ -9,9 +9,9 @@ shortens the step.
 `Timer` holds the DAG as arrays, for callers that re-time one schedule thousands of times (the
 heuristic's search); `simulate` times it once and returns a `Timeline`. Both run the same two
 compiled passes (numba; compiled once per machine, then loaded from its cache beside the package
-or, where that is read-only, in the user's cache folder; with neither, compiled in each process): forward, each
-action's start, end and the in-edge that set its start (ties go to the first in-edge that is
-latest); backward, each action's slack. The critical path ends at the first latest-ending action.
+or, where that is read-only, in the user's cache folder; with neither, compiled in each process):
+forward, each action's start, end and the in-edge that set its start (ties go to the first in-edge
+that is latest); backward, each action's slack. The critical path ends at the first latest-ending action.
 Compiled because the heuristic's search re-times the DAG thousands of times: in Python the passes
 took most of its time (at 1F1B 32×128 its search ran 13.4 s in Python, 4.3 s compiled, with the
 same plan; 0.85 s once the search itself kept its plans in arrays).
