@@ -612,6 +612,8 @@ class _Index:
     """`rank` as an array."""
     pos: Mapping[Key, int]
     """Key → index."""
+    base: np.ndarray
+    """Per action position: its duration with nothing frozen (the timer's)."""
 
     @staticmethod
     def of(model: _Model) -> _Index:
@@ -638,6 +640,7 @@ class _Index:
             rank=tuple(rank),
             rank_a=np.array(rank, dtype=np.int64),
             pos={k: i for i, k in enumerate(keys)},
+            base=timing.base,
         )
 
     def mask(self, plan: Mapping[Key, float]) -> np.ndarray:
@@ -645,19 +648,17 @@ class _Index:
         on[[self.pos[k] for k in plan]] = True
         return on
 
-    def durations(self, base: np.ndarray, on: np.ndarray) -> np.ndarray:
+    def durations(self, on: np.ndarray) -> np.ndarray:
         """Each action's duration with the keys of `on` frozen."""
-        d = base.copy()
+        d = self.base.copy()
         np.subtract.at(d, self.act[on], self.cost[on])
         return d
 
-    def retime(
-        self, base: np.ndarray, d: np.ndarray, on: np.ndarray, keys: Sequence[int]
-    ) -> np.ndarray:
+    def retime(self, d: np.ndarray, on: np.ndarray, keys: Sequence[int]) -> np.ndarray:
         """`d` with the actions of `keys` re-costed from `on` (a copy; `d` is untouched)."""
         out = d.copy()
         for v in {int(self.act[i]) for i in keys}:
-            x = float(base[v])
+            x = float(self.base[v])
             for j in self.at[v]:
                 if on[j]:
                     x -= float(self.cost[j])
@@ -735,7 +736,7 @@ def _fill(
     ix = model.index
     counts, signal, per_stage, stage_cap = _tally(dag, model, plan)
     on = ix.mask(plan)
-    d = ix.durations(timing.base, on)
+    d = ix.durations(on)
     span, _, _, path = timing.times(d)
     grew = False
     for _ in range(tries):
@@ -759,7 +760,7 @@ def _fill(
         improved = False
         for *_, i, d_sig in sorted(cands, key=lambda c: c[:3])[:4]:
             on[i] = True
-            t_d = ix.retime(timing.base, d, on, (i,))
+            t_d = ix.retime(d, on, (i,))
             t_span, _, _, t_path = timing.times(t_d)
             if t_span < span - 1e-9:
                 sg = ix.sg[i]
@@ -796,9 +797,8 @@ def _swap(
     if that does not shorten the step, the best four moves one at a time. Returns `plan` itself
     when no move helped."""
     ix = model.index
-    base = timing.base
     on = ix.mask(plan)
-    d = ix.durations(base, on)
+    d = ix.durations(on)
     span, _, end, path = timing.times(d)
     budget = model.opts.budget + 1e-9
     share = model.stage_share
@@ -867,19 +867,17 @@ def _swap(
             if len(batch) == BATCH:
                 break
         if len(batch) > 1:
-            changed = [j for pair in batch for j in pair]
-            on[[i for i, _ in batch]] = True
-            on[[j for _, j in batch]] = False
-            t_d = ix.retime(base, d, on, changed)
+            ins, outs = [i for i, _ in batch], [j for _, j in batch]
+            on[ins], on[outs] = True, False
+            t_d = ix.retime(d, on, ins + outs)
             t_span, _, t_end, t_path = timing.times(t_d)
             if t_span < span - 1e-9:
                 d, span, end, path, improved, moved = t_d, t_span, t_end, t_path, True, True
                 continue
-            on[[i for i, _ in batch]] = False
-            on[[j for _, j in batch]] = True
+            on[ins], on[outs] = False, True
         for *_, i, donor in ranked[:4]:
             on[i], on[donor] = True, False
-            t_d = ix.retime(base, d, on, (i, donor))
+            t_d = ix.retime(d, on, (i, donor))
             t_span, _, t_end, t_path = timing.times(t_d)
             if t_span < span - 1e-9:
                 sg_in, sg_out = ix.sg[i], ix.sg[donor]
