@@ -458,6 +458,17 @@ class FastLP:
             method="ipm" if ipm else "simplex",
         )
 
+    def fix(self, ones: Sequence[int] = (), zeros: Sequence[int] = ()) -> None:
+        """Fix keys (positions in `keys`) at frozen (`ones`) or not frozen (`zeros`) for the
+        solves that follow, which start from the last basis: what LP diving does
+        (`freezeopt.solve`). Bounds never break an edge reduction (durations stay ≥ `d_min`)."""
+        h = self._h
+        for chosen, v in ((ones, 1.0), (zeros, 0.0)):
+            if len(chosen):
+                cols = self._n + np.asarray(chosen, dtype=np.int32)
+                val = np.full(len(cols), v)
+                h.changeColsBounds(len(cols), cols, val, val)
+
     def _run(self, deadline: float, *, phase: int, may_stop: bool = False) -> int:
         """Run HiGHS; return the simplex pivots it made (−1: stopped on its pivot limit, when
         `may_stop`). Raises SolverError when it does not reach optimality."""

@@ -315,3 +315,28 @@ def test_solve_with_highs_uses_it_and_still_writes_the_pulp_model(tmp_path: Path
     assert r.signal_dropped == pytest.approx(cbc.signal_dropped, rel=1e-6)
     assert "prec_" in out.read_text() and "piece_s0_g0_k0" in out.read_text()
     assert "makespan_limit" in (tmp_path / "m.phase2.lp").read_text()
+
+
+@pytest.mark.parametrize("seed", range(0, 30, 3))
+def test_fixing_every_key_leaves_the_plans_simulated_step_time(seed: int) -> None:
+    """`FastLP.fix` with every key fixed to an integer plan (one that fits budget and caps) leaves
+    the LP nothing to choose: phase 1's optimum is the plan's simulated step time, and phase 2
+    returns the plan itself."""
+    dag, signal, opts, what = _instance(seed)
+    m = _Model(dag, signal, opts)
+    rng = random.Random(seed)
+    plan: dict = {}
+    for k in rng.sample(m.keys, len(m.keys)):
+        if m.fits({**plan, k: 1.0}):
+            plan[k] = 1.0
+    lp = FastLP.for_problem(dag, signal, opts)
+    free = lp.solve()
+    lp.fix(
+        ones=[i for i, k in enumerate(lp.keys) if k in plan],
+        zeros=[i for i, k in enumerate(lp.keys) if k not in plan],
+    )
+    fixed = lp.solve()
+    assert fixed.t1 == pytest.approx(m.makespan(plan), rel=1e-7, abs=1e-7), what
+    assert fixed.t1 >= free.t1 - 1e-7, what
+    assert {k for k, x in fixed.x.items() if x > 0.5} == set(plan), what
+    assert all(min(x, 1 - x) < 1e-9 for x in fixed.x.values()), what

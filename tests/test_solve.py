@@ -317,3 +317,49 @@ def test_model_makespan_is_simulates_step_time_for_any_plan() -> None:
         assert model.makespan(plan) == want
         shorter += model.timer.times(model.timer.durations(plan))[0] < want - 1e-6
     assert shorter > 0
+
+
+# --- LP diving (the milp mode's second start) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dive_ends_with_an_integer_plan_that_fits(seed: int) -> None:
+    """The dive fixes keys until the LP has no fractional one left: its plan is binary, keeps
+    budget and caps, and cannot beat the LP bound. Cut short after the first LP, it is the keys
+    that LP freezes fully (the dive solves with HiGHS, as the model here does); with no time for
+    the first LP, it is empty."""
+    from freezeopt.solve import _Deadline, _dive
+
+    p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
+    cap = 0.3 if seed == 2 else None
+    _dag, model = _model(p, mode="milp", solver="highs", budget=0.1, stage_cap=cap)
+    t1, lp_x = model.solve_lp(math.inf, write=None)
+    plan = _dive(model, _Deadline())
+    assert plan and set(plan.values()) == {1.0} and model.fits(plan)
+    assert model.makespan(plan) >= t1 - 1e-6
+
+    class Passed(_Deadline):  # the deadline passes right after the first LP
+        def passed(self) -> bool:
+            self.hit = True
+            return True
+
+    assert _dive(model, Passed()) == {k: 1.0 for k, x in lp_x.items() if x >= 1 - 1e-6}
+    assert _dive(model, _Deadline(0.0)) == {}  # no time for the first LP: no plan
+
+
+def test_milp_starts_from_the_better_of_rounding_and_diving() -> None:
+    """On the first instance the dive finds a faster plan than rounding and the MILP starts from it
+    (a note says so); on the second rounding wins and the answer is never slower than it."""
+    from freezeopt.solve import _Deadline, _dive, _round_and_fill, _search
+
+    for seed, dive_wins in ((1, True), (2, False)):
+        p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
+        dag, model = _model(p, mode="milp", solver="highs", budget=0.1)
+        _, lp_x = model.solve_lp(math.inf, write=None)
+        rounded = model.makespan(_round_and_fill(dag, model, lp_x))
+        dived = model.makespan(_search(dag, model, _dive(model, _Deadline())))
+        assert (dived < rounded) == dive_wins
+        opts = SolveOptions(mode="milp", budget=0.1, time_limit=30, solver="highs")
+        r = solve(dag, estimate_signal(p, opts.sensitivity), opts)
+        assert r.predicted_ms <= min(rounded, dived) + 1e-9
+        assert any("LP diving" in n for n in r.notes) == dive_wins
