@@ -325,10 +325,10 @@ def test_model_makespan_is_simulates_step_time_for_any_plan() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_dive_ends_with_an_integer_plan_that_fits(seed: int) -> None:
     """The dive fixes keys until the LP has no fractional one left: its plan is binary, keeps
-    budget and caps, and cannot beat the LP bound. Cut short after the first LP, it is the keys
-    that LP freezes fully (the dive solves with HiGHS, as the model here does); with no time for
-    the first LP, it is empty."""
-    from freezeopt.solve import _Deadline, _dive
+    budget and caps, and cannot beat the LP bound. Cut short after the first LP, it is that LP
+    rounded down, the heuristic's start (the dive solves with HiGHS, as the model here does); with
+    no time for the first LP, it is empty."""
+    from freezeopt.solve import _Deadline, _dive, _round_down
 
     p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
     cap = 0.3 if seed == 2 else None
@@ -343,7 +343,7 @@ def test_dive_ends_with_an_integer_plan_that_fits(seed: int) -> None:
             self.hit = True
             return True
 
-    assert _dive(model, Passed()) == {k: 1.0 for k, x in lp_x.items() if x >= 1 - 1e-6}
+    assert _dive(model, Passed()) == _round_down(model, lp_x)
     assert _dive(model, _Deadline(0.0)) == {}  # no time for the first LP: no plan
 
 
