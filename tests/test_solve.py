@@ -352,7 +352,7 @@ def test_milp_starts_from_the_better_of_rounding_and_diving() -> None:
     (a note says so); on the second rounding wins and the answer is never slower than it."""
     from freezeopt.solve import _Deadline, _dive, _round_and_fill, _search
 
-    for seed, dive_wins in ((1, True), (2, False)):
+    for seed, dive_wins in ((1, True), (5, False)):
         p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
         dag, model = _model(p, mode="milp", solver="highs", budget=0.1)
         _, lp_x = model.solve_lp(math.inf, write=None)
