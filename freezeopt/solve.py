@@ -538,7 +538,8 @@ class _Model:
         notes: list[str] = []
         if _left(deadline) < 1.0:
             notes.append(
-                "no time left for the MILP after the LP and heuristic; kept the heuristic answer (raise --time-limit)"
+                "no time left for the MILP after the LP, the heuristic and the LP dive; kept the "
+                "better of their plans (raise --time-limit)"
             )
             return start, "heuristic_fallback", notes
         st1, st2, plan, _ = self._phases(integer=True, start=start, deadline=deadline, write=write)
