@@ -26,7 +26,10 @@ the pivots of a slack start; from `IPM_FROM` actions on it runs interior point w
 instead, which wins there (simplex needs about 1.5 pivots per action, and each pivot costs more as
 the DAG grows). Phase 2 (minimise signal with `T ≤ (1 + tolerance)·T1` plus the same
 numerical slack as `freezeopt.solve`) keeps phase 1's basis, which stays primal feasible, and runs
-primal simplex: a handful of pivots.
+primal simplex: a handful of pivots. `solve(phase2=False)` runs phase 1 alone and leaves its
+objective and basis loaded, so the next phase 1 after new bounds (`fix`, each round of the `milp`
+mode's LP dive) starts from HiGHS's current factorisation: restoring phase 1's saved basis after a
+phase 2 refactorises it, which took most of a dive round's time at 16×64.
 
 Warm re-solve (`FastLP.resolve`): a DAG with the same schedule and new costs (actions, groups,
 lags) updates right-hand sides and coefficients in place and re-runs both phases from the last
@@ -83,10 +86,12 @@ class LpAnswer:
 
     t1: float
     """Phase-1 optimum: the smallest makespan any fractional plan reaches (ms)."""
-    x: dict[Key, float]
-    """Phase-2 frozen extents in [0, 1], every freezable (action, group)."""
+    keys: Sequence[Key]
+    """Every freezable (action, group), in the model's order."""
+    values: np.ndarray
+    """Frozen extent of each of `keys` in [0, 1]: phase 2's (phase 1's when phase 2 was skipped)."""
     signal: float
-    """Phase-2 optimum: the signal the plan drops (share of one step's progress)."""
+    """The signal `values` drop (share of one step's progress): phase 2's optimum, when it ran."""
     iterations: tuple[int, int]
     """Simplex pivots of phase 1 and phase 2."""
     build_seconds: float
@@ -95,6 +100,11 @@ class LpAnswer:
     """True when this answer came from a warm re-solve."""
     method: str = "simplex"
     """How phase 1 ran: `simplex` (dual, from the crash or last basis) or `ipm` (with crossover)."""
+
+    @property
+    def x(self) -> dict[Key, float]:
+        """`values` by key."""
+        return dict(zip(self.keys, self.values.tolist(), strict=True))
 
 
 @dataclass(slots=True)
@@ -150,6 +160,8 @@ class FastLP:
         self.groups = sorted({(a.stage, g) for a, g in self.keys})
         self._h: Any = None
         self._basis1: Any = None
+        self._in_phase2 = False
+        """Whether phase 2's objective and T bound are loaded (phase 1 must restore them)."""
         self._solved = False
         self._warm_gave_up = False  # a warm phase 1 ran out of pivots: re-solve cold from now on
         self.info: dict[str, float] = {}
@@ -386,8 +398,9 @@ class FastLP:
         return b
 
     # -- solving -------------------------------------------------------------------------------
-    def solve(self, time_limit: float = math.inf) -> LpAnswer:
-        """Both phases; raises SolverError when either does not reach optimality."""
+    def solve(self, time_limit: float = math.inf, *, phase2: bool = True) -> LpAnswer:
+        """Both phases (phase 1 alone without `phase2`); raises SolverError when either does not
+        reach optimality."""
         warm = self._solved
         h = self._h
         deadline = time.perf_counter() + time_limit
@@ -398,15 +411,17 @@ class FastLP:
             h.clearSolver()
         elif not warm:
             h.setBasis(self._crash_basis())
-        elif self._basis1 is not None:
+        elif self._basis1 is not None and self._in_phase2:
             h.setBasis(self._basis1)
         # phase 1: minimise T
         ncol = self._ncol
         every = np.arange(ncol, dtype=np.int32)
-        c1 = np.zeros(ncol)
-        c1[self._col_T] = 1.0
-        h.changeColsCost(ncol, every, c1)
-        h.changeColBounds(self._col_T, 0.0, h.getInfinity())
+        if self._in_phase2 or not warm:
+            c1 = np.zeros(ncol)
+            c1[self._col_T] = 1.0
+            h.changeColsCost(ncol, every, c1)
+            h.changeColBounds(self._col_T, 0.0, h.getInfinity())
+            self._in_phase2 = False
         h.setOptionValue("solver", "ipm" if ipm else "simplex")
         h.setOptionValue("simplex_strategy", 1)
         if warm and big and not ipm:
@@ -428,19 +443,20 @@ class FastLP:
         else:
             it1 = self._run(deadline, phase=1)
         h.setOptionValue("solver", "simplex")
-        self._basis1 = h.getBasis()
-        sol = h.getSolution().col_value
-        t1 = float(sol[self._col_T])
+        col = np.asarray(h.getSolution().col_value)
+        t1 = float(col[self._col_T])
         # phase 2: minimise signal with T bounded; phase 1's basis stays primal feasible
         it2 = 0
-        if self._K:
+        if self._K and phase2:
+            self._basis1 = h.getBasis()
             c2 = np.zeros(ncol)
             c2[self._col_y :] = self._slopes
             h.changeColsCost(ncol, every, c2)
             h.changeColBounds(self._col_T, 0.0, phase2_limit(t1, self.tolerance))
             h.setOptionValue("simplex_strategy", 4)
+            self._in_phase2 = True
             it2 = self._run(deadline, phase=2)
-        col = np.asarray(h.getSolution().col_value)
+            col = np.asarray(h.getSolution().col_value)
         xv = np.clip(col[self._n : self._n + self._K], 0.0, 1.0)
         signal = self._loss0 + (
             float(col[self._col_y :] @ self._slopes) / self._scale if self._K else 0.0
@@ -449,7 +465,8 @@ class FastLP:
         solver_s = time.perf_counter() - t0
         return LpAnswer(
             t1=t1,
-            x=dict(zip(self.keys, xv.tolist(), strict=True)),
+            keys=self.keys,
+            values=xv,
             signal=signal,
             iterations=(it1, it2),
             build_seconds=0.0 if warm else self.build_seconds,
@@ -577,7 +594,8 @@ class FastLP:
         ans = self.solve(time_limit)
         return LpAnswer(
             t1=ans.t1,
-            x=ans.x,
+            keys=ans.keys,
+            values=ans.values,
             signal=ans.signal,
             iterations=ans.iterations,
             build_seconds=update_s,

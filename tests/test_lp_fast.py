@@ -340,3 +340,28 @@ def test_fixing_every_key_leaves_the_plans_simulated_step_time(seed: int) -> Non
     assert fixed.t1 >= free.t1 - 1e-7, what
     assert {k for k, x in fixed.x.items() if x > 0.5} == set(plan), what
     assert all(min(x, 1 - x) < 1e-9 for x in fixed.x.values()), what
+
+
+@pytest.mark.parametrize("seed", range(1, 30, 3))
+def test_phase_one_alone_interleaves_with_both_phases(seed: int) -> None:
+    """`solve(phase2=False)` (what each round of the dive runs) leaves phase 1's objective and
+    basis in place; a later `solve()` or `resolve()` restores what it needs: every answer equals
+    a cold solve of the same LP."""
+    dag, signal, opts, what = _instance(seed)
+    cold = FastLP.for_problem(dag, signal, opts).solve()
+    lp = FastLP.for_problem(dag, signal, opts)
+    only1 = lp.solve(phase2=False)
+    assert only1.iterations[1] == 0, what
+    assert only1.t1 == pytest.approx(cold.t1, rel=1e-9, abs=1e-9), what
+    # phase 1's own plan reaches T1 and fits
+    assert simulate(dag, dag.durations(only1.x)).makespan <= only1.t1 * (1 + 1e-6) + 1e-9, what
+    assert _Model(dag, signal, opts).fits(only1.x), what
+    for again in (lp.solve(), lp.solve(phase2=False), lp.solve()):
+        assert again.warm and again.t1 == pytest.approx(cold.t1, rel=1e-9, abs=1e-9), what
+    assert again.signal == pytest.approx(cold.signal, rel=1e-6, abs=1e-9), what
+    lp.solve(phase2=False)
+    dag2 = _perturbed(dag, seed)
+    moved = lp.resolve(dag2)
+    ref = FastLP.for_problem(dag2, signal, opts).solve()
+    assert moved.t1 == pytest.approx(ref.t1, rel=1e-6, abs=1e-9), what
+    assert moved.signal == pytest.approx(ref.signal, rel=1e-6, abs=1e-9), what
