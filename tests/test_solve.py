@@ -363,3 +363,30 @@ def test_milp_starts_from_the_better_of_rounding_and_diving() -> None:
         r = solve(dag, estimate_signal(p, opts.sensitivity), opts)
         assert r.predicted_ms <= min(rounded, dived) + 1e-9
         assert any("LP diving" in n for n in r.notes) == dive_wins
+
+
+def test_milp_with_cbc_does_not_start_when_its_root_lp_would_outlast_the_deadline() -> None:
+    """CBC solves a MILP's root LP before it looks at its time limit (1F1B 16×64 with 8 groups:
+    1.3 s left, the MILP took 19.7 s), so `milp` with CBC starts only with as much time left as the
+    LP relaxation's phase 1 took through PuLP; HiGHS's array path records no such time."""
+    import time
+
+    from freezeopt.solve import _round_and_fill
+
+    p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=1)
+    dag, model = _model(p, mode="milp", solver="cbc", budget=0.1)
+    _, lp_x = model.solve_lp(math.inf, write=None)
+    assert 0 < model.relax_seconds < 60
+    start = _round_and_fill(dag, model, lp_x)
+    assert model.no_time_for_milp(time.perf_counter() + 30) is None
+    model.relax_seconds = 45.0  # as if the relaxation had taken 45 s
+    t0 = time.perf_counter()
+    plan, status, notes = model.solve_milp(start, t0 + 30, write=None)
+    assert time.perf_counter() - t0 < 5
+    assert (plan, status) == (start, "heuristic_fallback")
+    assert "CBC re-solves the LP relaxation (45.0 s)" in notes[0]
+    _, fast = _model(p, mode="milp", solver="highs", budget=0.1)
+    fast.solve_lp(math.inf, write=None)
+    assert fast.relax_seconds == 0.0
+    assert fast.no_time_for_milp(time.perf_counter() + 30) is None
+    assert fast.no_time_for_milp(time.perf_counter() + 0.5) == "no time left for the MILP"
