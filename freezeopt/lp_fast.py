@@ -694,6 +694,12 @@ class LpCache:
         self.warm_solves += ans.warm and ans.method == "simplex"  # not a fallback to cold ipm
         return ans, ans.build_seconds
 
+    def take(self) -> FastLP | None:
+        """Hand over the last model, solved, and forget it: the caller may change it (the LP dive
+        fixes keys in it); the next solve builds anew."""
+        fast, self._fast, self._key = self._fast, None, None
+        return fast
+
 
 def _rank_prefix(
     dag: PipelineDag, idx: Mapping[Action, int], dmin: np.ndarray

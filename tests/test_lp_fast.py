@@ -365,3 +365,28 @@ def test_phase_one_alone_interleaves_with_both_phases(seed: int) -> None:
     ref = FastLP.for_problem(dag2, signal, opts).solve()
     assert moved.t1 == pytest.approx(ref.t1, rel=1e-6, abs=1e-9), what
     assert moved.signal == pytest.approx(ref.signal, rel=1e-6, abs=1e-9), what
+
+
+def test_the_lp_of_a_solve_of_its_own_is_handed_to_the_dive_and_a_shared_one_is_not() -> None:
+    """`_Model.take_lp` hands over the relaxation's solved HiGHS model once (`LpCache.take`), so
+    the dive skips a cold solve; a cache shared by re-plans keeps its model for warm re-solves."""
+    p = make_profile(schedule="1F1B", ranks=3, microbatches=6, groups=3, seed=4)
+    dag = build_dag(p)
+    opts = SolveOptions(mode="milp", solver="highs", budget=0.1)
+    signal = estimate_signal(p, opts.sensitivity)
+    m = _Model(dag, signal, opts)
+    t1, _ = m.solve_lp(time.perf_counter() + 60, write=None)
+    lp = m.take_lp()
+    assert lp is not None and m.take_lp() is None
+    again = lp.solve(phase2=False)
+    assert again.warm and again.iterations == (0, 0)
+    assert again.t1 == pytest.approx(t1, rel=1e-12)
+    cache = LpCache()
+    shared = _Model(dag, signal, opts, lp_cache=cache)
+    shared.solve_lp(time.perf_counter() + 60, write=None)
+    assert shared.take_lp() is None
+    solve(_perturbed(dag, seed=1), signal, dataclasses.replace(opts, mode="lp"), lp_cache=cache)
+    assert cache.warm_solves == 1
+    assert cache.take() is not None and cache.take() is None
+    solve(dag, signal, dataclasses.replace(opts, mode="lp"), lp_cache=cache)
+    assert (cache.solves, cache.warm_solves) == (3, 1)  # taken: built anew

@@ -350,14 +350,14 @@ def test_dive_ends_with_an_integer_plan_that_fits(seed: int) -> None:
 def test_milp_starts_from_the_better_of_rounding_and_diving() -> None:
     """On the first instance the dive finds a faster plan than rounding and the MILP starts from it
     (a note says so); on the second rounding wins and the answer is never slower than it."""
-    from freezeopt.solve import _Deadline, _dive, _round_and_fill, _search
+    from freezeopt.solve import _Deadline, _dives, _round_and_fill
 
-    for seed, dive_wins in ((1, True), (5, False)):
+    for seed, dive_wins in ((1, True), (6, False)):
         p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
         dag, model = _model(p, mode="milp", solver="highs", budget=0.1)
         _, lp_x = model.solve_lp(math.inf, write=None)
         rounded = model.makespan(_round_and_fill(dag, model, lp_x))
-        dived = model.makespan(_search(dag, model, _dive(model, _Deadline())))
+        dived = model.makespan(_dives(dag, model, _Deadline(), _Deadline()))
         assert (dived < rounded) == dive_wins
         opts = SolveOptions(mode="milp", budget=0.1, time_limit=30, solver="highs")
         r = solve(dag, estimate_signal(p, opts.sensitivity), opts)
@@ -390,3 +390,23 @@ def test_milp_with_cbc_does_not_start_when_its_root_lp_would_outlast_the_deadlin
     assert fast.relax_seconds == 0.0
     assert fast.no_time_for_milp(time.perf_counter() + 30) is None
     assert fast.no_time_for_milp(time.perf_counter() + 0.5) == "no time left for the MILP"
+
+
+def test_milp_dives_twice_and_keeps_the_faster_plan() -> None:
+    """With time for both, `_dives` dives from the relaxation's own model and from a cold one and
+    keeps the faster plan after the search; without a model to take over it dives once."""
+    from freezeopt.solve import _Deadline, _dive, _dives, _search
+
+    for seed in (1, 2, 5):
+        p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
+        dag, model = _model(p, mode="milp", solver="highs", budget=0.1)
+        model.solve_lp(math.inf, write=None)
+        lp = model.take_lp()
+        assert lp is not None
+        taken = model.makespan(_search(dag, model, _dive(model, _Deadline(), lp)))
+        cold = model.makespan(_search(dag, model, _dive(model, _Deadline())))
+        model.solve_lp(math.inf, write=None)
+        best = _dives(dag, model, _Deadline(), _Deadline())
+        assert model.fits(best)
+        assert model.makespan(best) == pytest.approx(min(taken, cold), rel=1e-12), seed
+        assert model.take_lp() is None  # the first dive took it
