@@ -594,7 +594,7 @@ class _Model:
             return (
                 f"no time left for the MILP: CBC re-solves the LP relaxation "
                 f"({self.relax_seconds:.1f} s) before it checks its time limit, and {left:.1f} s "
-                f"were left (--solver highs stops on time)"
+                f"were left (--solver highs solves the relaxation much faster)"
             )
         return "no time left for the MILP" if left < 1.0 else None
 
