@@ -13,14 +13,17 @@ exactly. The budget: `Σ ℓ_sg ≤ ε`. An optional per-stage cap bounds the me
 The objective is lexicographic, in two solves rather than a big-M constant: phase 1 minimises `T`;
 phase 2 minimises the signal dropped `Σ ℓ` subject to `T ≤ (1 + tolerance)·T1`.
 
-Modes: `milp` (binary x, warm-started from the better of the heuristic's plan and an LP dive's,
-`_dive`), `lp` (x ∈ [0,1], the continuous relaxation; with one group per stage, `flat`
+Modes: `milp` (binary x, warm-started from the better of the heuristic's plan and the LP dives',
+`_dives`), `lp` (x ∈ [0,1], the continuous relaxation; with one group per stage, `flat`
 sensitivity, no budget and a per-stage cap it is TimelyFreeze's LP), and `heuristic` (round the
 LP's phase-2 solution down per group, greedily freeze more on the critical path while the budget
 allows, then swap: move a group's freezing from a microbatch with slack to one on the critical
 path — the same counts, so the same signal and caps — and fill again; up to `BATCH` such swaps
 are tried at once before one at a time).
-`time_limit` bounds the whole solve.
+`time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back), except where a
+solver checks its limit too rarely: CBC solves a MILP's root LP first, so `milp` with CBC starts
+no MILP with less time left than the relaxation took; HiGHS's MILP can still overrun by the first
+step of a root node (about 9 s for phase 2 at 16×64 with 8 groups).
 Every mode reports the no-freeze step time, the all-frozen floor, the LP bound and the step time
 the list-scheduling simulator gives for the answer.
 
