@@ -417,7 +417,9 @@ def solve_cmd(
     solver: Annotated[str, typer.Option(help="cbc (bundled) or highs.")] = "cbc",
     time_limit: Annotated[
         float,
-        typer.Option(help="Seconds for the whole solve (LP, heuristic search, MILP phases)."),
+        typer.Option(
+            help="Seconds for the whole solve (LP, heuristic search, LP dives, MILP phases)."
+        ),
     ] = 60.0,
     gap: Annotated[float, typer.Option(help="Relative MILP gap at which to stop.")] = 0.005,
     group_cap: Annotated[

@@ -84,8 +84,8 @@ class SolveOptions:
     tolerance: float = 0.0
     """Phase 2 may lengthen the step by this share of the phase-1 optimum to drop less signal."""
     time_limit: float = 60.0
-    """Seconds for the whole solve: the LP, the heuristic's search and both MILP phases (the
-    heuristic always answers: past the limit its search stops with the plan so far)."""
+    """Seconds for the whole solve: the LP, the heuristic's search, the LP dives and both MILP
+    phases (the heuristic always answers: past the limit its search stops with the plan so far)."""
     gap: float = 0.005
     """Relative MILP gap at which the solver may stop."""
     threads: int = 1
