@@ -51,6 +51,7 @@ from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, SolverError
 from freezeopt.fileio import stdout_to_stderr
+from freezeopt.highs_child import solve_mip_until
 from freezeopt.lp_fast import FastLP, LpCache, phase2_limit
 from freezeopt.sensitivity import Estimator, GroupSignal
 from freezeopt.simulate import Timer, simulate
@@ -462,9 +463,8 @@ class _Model:
     def _timed_highs_phase2(
         self, p1: pulp.LpProblem, v1: _Vars, t_max: float, deadline: float
     ) -> tuple[str, dict[Key, float]]:
-        """Phase 2 on phase 1's HiGHS model, in place: objective Σ signal, T ≤ t_max, warm."""
-        import highspy
-
+        """Phase 2 on phase 1's HiGHS model: objective Σ signal, T ≤ t_max, warm (an LP in place;
+        a MIP in a child process, `freezeopt.highs_child`)."""
         h = p1.solverModel
         t0 = time.perf_counter()
         try:
@@ -475,17 +475,19 @@ class _Model:
                 cost[v.index] = 1.0
             h.changeColsCost(n, list(range(n)), cost)
             h.changeColBounds(v1.T.index, 0.0, t_max)
-            if h.getLp().integrality_:  # MIP: hand phase 1's incumbent over as the start
-                sol = highspy.HighsSolution()
-                sol.col_value = values
-                sol.value_valid = True
-                h.setSolution(sol)
-            limit = max(0.5, _left(deadline))
-            if not h.getLp().integrality_:
-                # for an LP, HiGHS compares time_limit with its run time summed over every run of
-                # this model, phase 1's included (a MIP's limit is for this run: measured)
-                limit += h.getRunTime()
-                h.setOptionValue("solver", "simplex")  # re-use phase 1's basis
+            if h.getLp().integrality_:
+                # MIP: in a child process stopped at the deadline (`freezeopt.highs_child`),
+                # from phase 1's incumbent
+                o = self.opts
+                said, x = solve_mip_until(h, values, deadline, gap=o.gap, threads=o.threads)
+                if x is None:
+                    return ("infeasible" if said == "Infeasible" else said), {}
+                status = "optimal" if said == "Optimal" else "time_limit"
+                return status, {k: _clip(x[v.index]) for k, v in v1.x.items()}
+            # for an LP, HiGHS compares time_limit with its run time summed over every run of
+            # this model, phase 1's included
+            limit = max(0.5, _left(deadline)) + h.getRunTime()
+            h.setOptionValue("solver", "simplex")  # re-use phase 1's basis
             h.setOptionValue("time_limit", limit)
             with stdout_to_stderr():
                 h.run()
