@@ -24,6 +24,9 @@ __all__ = ["STOPPED", "solve_mip_until"]
 
 STOPPED = "stopped at the time limit"
 """Status when the child was killed at the deadline (no answer)."""
+MARGIN = 0.25
+"""Seconds before the deadline at which the child's own HiGHS time limit falls, so that a solve
+that stops on it still writes its incumbent back before the kill."""
 
 
 def solve_mip_until(
@@ -42,7 +45,7 @@ def solve_mip_until(
             "-m",
             "freezeopt.highs_child",
             str(d),
-            repr(max(left, 0.01)),
+            repr(time.time() + left - MARGIN),  # wall clock: the child's clocks are its own
             repr(gap),
             str(threads),
         ]
@@ -61,14 +64,14 @@ def solve_mip_until(
         return status, (np.load(values) if values.exists() else None)
 
 
-def _main(folder: str, time_limit: str, gap: str, threads: str) -> None:
+def _main(folder: str, stop_at: str, gap: str, threads: str) -> None:
     import highspy
 
     d = Path(folder)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.readModel(str(d / "model.mps"))
-    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("time_limit", max(float(stop_at) - time.time(), 0.01))
     h.setOptionValue("mip_rel_gap", float(gap))
     h.setOptionValue("threads", int(threads))
     sol = highspy.HighsSolution()

@@ -20,10 +20,11 @@ LP's phase-2 solution down per group, greedily freeze more on the critical path 
 allows, then swap: move a group's freezing from a microbatch with slack to one on the critical
 path — the same counts, so the same signal and caps — and fill again; up to `BATCH` such swaps
 are tried at once before one at a time).
-`time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back), except where a
-solver checks its limit too rarely: CBC solves a MILP's root LP first, so `milp` with CBC starts
-no MILP with less time left than the relaxation took; HiGHS's MILP can still overrun by the first
-step of a root node (about 9 s for phase 2 at 16×64 with 8 groups).
+`time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back). Solvers check
+their limits rarely inside a MIP's root node: CBC solves the root LP first, so `milp` with CBC
+starts no MILP with less time left than the relaxation took; HiGHS's phase 2 (whose first root
+step took about 9 s at 16×64 with 8 groups) runs in a child process killed at the deadline
+(`freezeopt.highs_child`), and phase 1's overrun of its half of the time comes out of phase 2's.
 Every mode reports the no-freeze step time, the all-frozen floor, the LP bound and the step time
 the list-scheduling simulator gives for the answer.
 

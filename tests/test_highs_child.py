@@ -44,3 +44,36 @@ def test_child_is_stopped_at_the_deadline() -> None:
     status, x = solve_mip_until(_knapsack(30, 0), [0.0] * 30, t0, gap=0.0, threads=1)
     assert (status, x) == (STOPPED, None)
     assert time.perf_counter() - t0 < 5
+
+
+def _market_split(m: int, n: int, seed: int) -> tuple[highspy.Highs, list[float]]:
+    """Cornuéjols–Dawande market split with slacks: min Σ|a_i·x − b_i|, x binary, hard to prove
+    optimal for branch and bound; x = 0 with slacks b is a feasible start."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 100, (m, n)).astype(float)
+    b = np.floor(a.sum(axis=1) / 2)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    for j in range(n):
+        h.addVar(0.0, 1.0)
+        h.changeColIntegrality(j, highspy.HighsVarType.kInteger)
+    for _ in range(2 * m):  # s⁺_i, s⁻_i
+        h.addVar(0.0, highspy.kHighsInf)
+        h.changeColCost(h.getNumCol() - 1, 1.0)
+    for i in range(m):
+        idx = np.array([*range(n), n + 2 * i, n + 2 * i + 1], dtype=np.int32)
+        val = np.array([*a[i], 1.0, -1.0])
+        h.addRow(b[i], b[i], len(idx), idx, val)
+    start = [0.0] * n + [v for i in range(m) for v in (b[i], 0.0)]
+    return h, start
+
+
+def test_child_that_stops_on_its_own_time_limit_hands_back_its_incumbent() -> None:
+    """The child's HiGHS time limit falls `MARGIN` before the deadline, so a solve that runs out
+    of time still returns the best plan it has (here at least the start) instead of being killed."""
+    h, start = _market_split(4, 40, 0)
+    t0 = time.perf_counter()
+    status, x = solve_mip_until(h, start, t0 + 2.0, gap=0.0, threads=1)
+    assert time.perf_counter() - t0 < 2.5
+    assert status == "Time limit reached", status
+    assert x is not None and len(x) == h.getNumCol()
