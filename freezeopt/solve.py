@@ -822,7 +822,7 @@ def _dive(model: _Model, clock: _Deadline, lp: FastLP | None = None) -> dict[Key
     loss = np.array([model.loss[sg] for sg in pairs])  # loss[pair, count]
     share = np.array([model.stage_share[sg] for sg in pairs])
     stage_of = np.array([s for s, _ in pairs])
-    _, _, _, stage_cap = _tally(dag, model, {})
+    stage_cap = _stage_cap(dag, model)
     rows = np.arange(len(pairs))
     group = np.asarray(ix.group)
     began, rounds = time.perf_counter(), 0
@@ -895,9 +895,13 @@ def _tally(
     per_stage: dict[int, float] = {}
     for (s, g), n in counts.items():
         per_stage[s] = per_stage.get(s, 0.0) + n * model.stage_share[(s, g)]
+    return counts, model.signal_of(plan), per_stage, _stage_cap(dag, model)
+
+
+def _stage_cap(dag: PipelineDag, model: _Model) -> float:
+    """A stage's largest load (frozen microbatches weighted by share; inf without a stage cap)."""
     cap = model.opts.stage_cap
-    stage_cap = math.inf if cap is None else cap * dag.n_microbatches + 1e-6
-    return counts, model.signal_of(plan), per_stage, stage_cap
+    return math.inf if cap is None else cap * dag.n_microbatches + 1e-6
 
 
 def _marginal(model: _Model, sg: tuple[int, int], n: int) -> float:
