@@ -394,7 +394,7 @@ def test_milp_with_cbc_does_not_start_when_its_root_lp_would_outlast_the_deadlin
 
 def test_milp_dives_twice_and_keeps_the_faster_plan() -> None:
     """With time for both, `_dives` dives from the relaxation's own model and from a cold one and
-    keeps the faster plan after the search; without a model to take over it dives once."""
+    keeps the faster plan after the search."""
     from freezeopt.solve import _Deadline, _dive, _dives, _search
 
     for seed in (1, 2, 5):
