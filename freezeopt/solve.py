@@ -19,7 +19,10 @@ sensitivity, no budget and a per-stage cap it is TimelyFreeze's LP), and `heuris
 LP's phase-2 solution down per group, greedily freeze more on the critical path while the budget
 allows, then swap: move a group's freezing from a microbatch with slack to one on the critical
 path — the same counts, so the same signal and caps — and fill again; up to `BATCH` such swaps
-are tried at once before one at a time).
+are tried at once before one at a time). The heuristic gives the LP `LP_SHARE` of its time; when
+the LP does not solve in it (1–2 minutes at 64×256), the same search starts from a plan built
+without the LP and the reported bound is the rank-load bound (`freezeopt.balance`), so `heuristic`
+answers within its time limit at every size.
 `time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back). Solvers check
 their limits rarely inside a MIP's root node: CBC solves the root LP first, so `milp` with CBC
 starts no MILP with less time left than the relaxation took; HiGHS's phase 2 (whose first root
@@ -49,6 +52,7 @@ import numpy as np
 import pulp
 
 from freezeopt.actions import Action
+from freezeopt.balance import balanced_plan, rank_bound, rank_needs
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, SolverError
 from freezeopt.fileio import stdout_to_stderr
@@ -68,6 +72,12 @@ _IPM_FROM = 3000  # actions; below this, simplex is as fast
 WRAP_UP = 0.1
 """Seconds of the time limit (at most 1 %) kept back from the solvers and the search, for reading
 their answer back and re-timing it."""
+LP_SHARE = 0.8
+"""Share of the time limit the `heuristic` mode gives the LP relaxation. If the LP does not solve
+in it, the search from the LP-free start (`freezeopt.balance`) has the rest."""
+LP_BUILD_PER_TIMER = 4.0
+"""The LP's arrays take about this many times as long to build as the simulator's (2.4–4.1×
+measured from 16×64 to 64×256): with less time than that left for the LP, `heuristic` skips it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,9 +104,10 @@ class SolveOptions:
     write_model: Path | None = None
     """Write the phase-1 model here (`.lp` or `.mps`) and phase 2 beside it (`NAME.phase2.lp`)."""
     fallback: Literal["none", "heuristic"] = "none"
-    """On a solver failure (missing, crashed, out of time before the LP solved): `heuristic` answers
-    with a greedy critical-path plan built without the LP (status `heuristic_fallback`, LP bound
-    replaced by the all-frozen floor) instead of failing."""
+    """On a solver failure in `milp` or `lp` (missing, crashed, out of time before the LP solved):
+    `heuristic` answers with the search from a plan built without the LP (status
+    `heuristic_fallback`, LP bound replaced by the rank-load bound of `freezeopt.balance`; the
+    search stops at the time limit) instead of failing. The `heuristic` mode always does this."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,29 +158,45 @@ def solve(
     deadline = t0 + opts.time_limit - min(WRAP_UP, 0.01 * opts.time_limit)
     model = _Model(dag, signal, opts, lp_cache=lp_cache)
     baseline = model.makespan({})
+    timer_seconds = time.perf_counter() - t0
     floor = model.makespan(dag.all_frozen())
     notes: list[str] = []
 
+    # the heuristic gives the LP LP_SHARE of its time; the search from the LP-free start, the rest
+    lp_deadline = deadline if mode != "heuristic" else t0 + LP_SHARE * (deadline - t0)
+    start: dict[Key, float] | None = None
     try:
+        if mode == "heuristic" and _left(lp_deadline) < LP_BUILD_PER_TIMER * timer_seconds:
+            raise SolverError(
+                f"no time for the LP relaxation in {LP_SHARE:.0%} of the time limit "
+                f"(its arrays alone take about {LP_BUILD_PER_TIMER * timer_seconds:.1f} s here)"
+            )
         lp1, lp_x = model.solve_lp(
-            deadline, write=opts.write_model if opts.mode != "milp" else None
+            lp_deadline, write=opts.write_model if opts.mode != "milp" else None
         )
     except SolverError as e:
-        if opts.fallback != "heuristic":
+        if opts.fallback != "heuristic" and mode != "heuristic":
             raise
+        lp1, start = model.lp_free(floor)
+        lp_x = {}
         notes.append(
-            f"{e}; answered with the greedy heuristic, without the LP (--fallback heuristic)"
+            f"{e}; answered without the LP: the search from a rank-balanced start"
+            + (" (--fallback heuristic)" if mode != "heuristic" else "")
         )
-        notes.append("lp_bound_ms is the all-frozen floor: the LP bound is unknown")
-        lp1, lp_x = floor, {}
+        notes.append(
+            f"lp_bound_ms is the rank-load bound ({lp1:.1f} ms; see freezeopt.balance), "
+            "at or below the LP bound, which is unknown"
+        )
         opts = replace(opts, mode="heuristic")
     if opts.mode == "lp":
         frozen, status = lp_x, "optimal"
     else:
-        # the fallback after a failed LP (often out of time) still gets its full greedy search
-        clock = _Deadline(math.inf if notes else deadline)
-        frozen = _round_and_fill(dag, model, lp_x, clock)
-        status = "heuristic_fallback" if notes else "heuristic"
+        clock = _Deadline(deadline)
+        if start is None:
+            frozen = _round_and_fill(dag, model, lp_x, clock)
+        else:
+            frozen = _search(dag, model, start, clock)
+        status = "heuristic_fallback" if start is not None else "heuristic"
         if clock.hit:
             notes.append(
                 "the heuristic's search stopped at the time limit with the best plan so far "
@@ -585,6 +612,25 @@ class _Model:
             )
             return start, status, notes
         return best, status, notes
+
+    def lp_free(self, floor: float) -> tuple[float, dict[Key, float]]:
+        """Without the LP: a lower bound on the step time (the rank-load bound, or `floor`, the
+        all-frozen step time, if higher) and a start for the search (`freezeopt.balance`)."""
+        o = self.opts
+        need = rank_needs(self.dag, self.timer)
+        bound = rank_bound(self.dag, need, list(self.by_group), self.loss, self.kmax, o.budget)
+        start = balanced_plan(
+            self.dag,
+            self.timer,
+            need,
+            self.by_group,
+            self.loss,
+            kmax=self.kmax,
+            budget=o.budget,
+            stage_share=self.stage_share,
+            stage_cap=_stage_cap(self.dag, self),
+        )
+        return max(bound, floor), start
 
     def take_lp(self) -> FastLP | None:
         """The LP relaxation's HiGHS model, solved, for the caller to change; None when the LP

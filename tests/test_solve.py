@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -200,13 +201,14 @@ def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatc
     assert r.status == "heuristic" and r.signal_dropped <= 0.1 + 1e-9
     assert any("stopped at the time limit" in n for n in r.notes)
     assert r.frozen == {k: v for k, v in sorted(_round_down(model, lp_x).items())}
-    # the fallback after a failed LP keeps its whole greedy search, even past the time limit
+    # a failed LP: the fallback answers the LP-free start, its search stopped at the time limit
     monkeypatch.undo()
     monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
-    late = SolveOptions(mode="heuristic", budget=0.1, time_limit=1e-6, fallback="heuristic")
+    late = SolveOptions(mode="milp", budget=0.1, time_limit=1e-6, fallback="heuristic")
     r = solve(dag, estimate_signal(p, late.sensitivity), late)
-    assert r.status == "heuristic_fallback" and r.frozen
-    assert not any("stopped at the time limit" in n for n in r.notes)
+    _, start = model.lp_free(0.0)
+    assert r.status == "heuristic_fallback" and r.frozen == dict(sorted(start.items())) and start
+    assert any("stopped at the time limit" in n for n in r.notes)
 
 
 def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal(
@@ -410,3 +412,35 @@ def test_milp_dives_twice_and_keeps_the_faster_plan() -> None:
         assert model.fits(best)
         assert model.makespan(best) == pytest.approx(min(taken, cold), rel=1e-12), seed
         assert model.take_lp() is None  # the first dive took it
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+def test_heuristic_without_time_for_the_lp_answers_from_the_lp_free_start(
+    monkeypatch: pytest.MonkeyPatch, schedule: str
+) -> None:
+    """With no time for the LP (its build would not fit), `heuristic` skips it, searches from the
+    rank-balanced start, and reports the rank-load bound, which the LP optimum is not below; a
+    failed LP (CBC finding nothing) answers the same way, with no `--fallback` needed."""
+    from freezeopt import solve as solve_mod
+
+    p = make_profile(schedule=schedule, ranks=4, microbatches=8, groups=3)
+    opts = SolveOptions(mode="heuristic", solver="highs", budget=0.1)
+    dag, model = _model(p, mode="heuristic", solver="highs", budget=0.1)
+    bound, start = model.lp_free(model.makespan(dag.all_frozen()))
+    lp = solve(dag, estimate_signal(p, "gns"), replace(opts, mode="lp"))
+    assert bound <= lp.lp_bound_ms + 1e-6
+
+    monkeypatch.setattr(solve_mod, "LP_BUILD_PER_TIMER", 1e12)
+    r = solve(dag, estimate_signal(p, "gns"), opts)
+    assert r.status == "heuristic_fallback"
+    assert any("no time for the LP relaxation" in n for n in r.notes)
+    assert r.lp_bound_ms == pytest.approx(bound)
+    assert r.lp_bound_ms <= r.predicted_ms <= model.makespan(start) + 1e-9
+    assert r.signal_dropped <= 0.1 + 1e-9 and model.fits(r.frozen)
+    assert r.gap == pytest.approx((r.predicted_ms - bound) / r.predicted_ms)
+
+    monkeypatch.undo()
+    monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
+    c = solve(dag, estimate_signal(p, "gns"), replace(opts, solver="cbc"))
+    assert c.status == "heuristic_fallback" and c.lp_bound_ms == pytest.approx(bound)
+    assert any("did not solve" in n for n in c.notes)
