@@ -45,9 +45,7 @@ def rank_needs(dag: PipelineDag, timer: Timer) -> np.ndarray:
     """Per rank: the largest `est(u) + Σ_{u..v} d + tail(v)` over runs of its actions, with the
     run's own actions unfrozen and the paths into and out of it fully frozen."""
     idx, base = timer.idx, timer.base
-    floor = base.copy()  # every group frozen; not clipped at 0: the LP does not clip either
-    for a in dag.freezable():
-        floor[idx[a]] -= sum(dag.group_cost[a.stage])
+    floor = timer.floor  # every group frozen; not clipped at 0: the LP does not clip either
     span, start, end, _ = timer.times(floor)
     tail = span - end - timer.slack(floor, end, span)  # longest path after each action's end
     out = np.empty(len(dag.rank_actions))

@@ -444,3 +444,31 @@ def test_heuristic_without_time_for_the_lp_answers_from_the_lp_free_start(
     c = solve(dag, estimate_signal(p, "gns"), replace(opts, solver="cbc"))
     assert c.status == "heuristic_fallback" and c.lp_bound_ms == pytest.approx(bound)
     assert any("did not solve" in n for n in c.notes)
+
+
+def test_the_search_clock_stops_before_a_try_would_end_past_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tries of 50 ms against a deadline at 0.26 s: the clock stops after the fifth try (0.25 s)
+    rather than start a sixth that would end at 0.30 s; `expired` and the time before
+    `start_search` do not count as tries."""
+    from freezeopt import solve as solve_mod
+
+    now = [0.0]
+    monkeypatch.setattr(solve_mod.time, "perf_counter", lambda: now[0])
+    clock = solve_mod._Deadline(0.26)
+    assert not clock.expired()
+    now[0] = 0.2  # set-up before the search, not a try
+    clock.start_search()
+    now[0] = 0.0
+    clock.start_search()
+    tries = 0
+    while not clock.passed():
+        tries += 1
+        now[0] += 0.05
+    assert tries == 5 and clock.hit and now[0] == pytest.approx(0.25)
+    # a clock that only expires: past `at` and not before
+    late = solve_mod._Deadline(0.3)
+    assert not late.expired() and not late.hit
+    now[0] = 0.31
+    assert late.expired() and late.passed()
