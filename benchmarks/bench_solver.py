@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import datetime as dt
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -58,11 +59,12 @@ LP_SIZES = [(8, 64), (32, 128), (32, 256), (64, 256)]
 LP_SCHEDULES = ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
 LP_GROUPS = [4, 8]
 LP_SIZES_MORE_GROUPS = [(32, 128), (64, 256)]  # the default run's sizes with 8 groups
-LP_METHODS = ["fast", "heuristic", "pulp-highs", "pulp-cbc"]
+LP_METHODS = ["fast", "heuristic", "heuristic-2s", "pulp-highs", "pulp-cbc"]
 METHOD_LABEL = {
     "fast": "lp, arrays → HiGHS",
     "warm": "lp, warm re-solve",
     "heuristic": "heuristic",
+    "heuristic-2s": "heuristic, 2 s limit",
     "pulp-highs": "lp, PuLP → HiGHS",
     "pulp-cbc": "lp, PuLP → CBC",
 }
@@ -247,6 +249,10 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 
         opts = SolveOptions(**case["opts"])
         sig = estimate_signal(profile, opts.sensitivity)
+        if case.get("load_passes"):  # once per process, as a training run's re-plans pay it
+            from freezeopt.simulate import load_passes
+
+            load_passes()
         t1 = time.perf_counter()
         r = solve(dag, sig, opts)
         out.update(
@@ -590,6 +596,14 @@ def bench_lp(runner: Runner, cfg: dict[str, Any]) -> dict:
                             "spec": spec,
                             "opts": {**base, "mode": "heuristic"},
                         }
+                    elif method == "heuristic-2s":
+                        limit = TARGET_HEUR["seconds"]
+                        case = {
+                            "kind": "solve",
+                            "spec": spec,
+                            "opts": {**base, "mode": "heuristic", "time_limit": limit},
+                            "load_passes": True,
+                        }
                     else:
                         solver = method.split("-")[1]
                         case = {
@@ -864,6 +878,13 @@ def render(
             "down, filled greedily and improved by swaps; total s = `solve_seconds` (LP, rounding, "
             "the fill and swap search, and three simulations), plan ms = its simulated step time, "
             "gap = (plan − LP bound) / plan.",
+            f"- **heuristic, {TARGET_HEUR['seconds']:g} s limit** — the same with "
+            f"`time_limit={TARGET_HEUR['seconds']:g}`, numba's compiled passes loaded before the "
+            "call (about 0.3 s, once per process). The heuristic gives the LP 80 % of its time; "
+            "where the LP's build alone would not fit, it skips the LP and searches from the "
+            "rank-balanced start (`freezeopt.balance`), status `heuristic_fallback`. LP bound = "
+            "the bound the solve reports (the rank-load bound, then); gap = (plan − the arrays "
+            "row's LP bound) / plan, and in brackets against the solve's own bound.",
             "- **lp, PuLP → HiGHS / CBC** — the plain PuLP model of both phases "
             "(`_Model.solve_lp_pulp`, as `--solver cbc` runs and as `--solver highs` ran before): "
             "build s = PuLP objects, solve s = the solver including PuLP's transfer; check = "
@@ -1086,13 +1107,15 @@ def render(
                 ),
             ]
         )
-    for sched in LP_SCHEDULES:
-        r = lp.get((sched, TARGET_HEUR["size"], g0, "heuristic"))
+    for sched, method in itertools.product(LP_SCHEDULES, ("heuristic", "heuristic-2s")):
+        r = lp.get((sched, TARGET_HEUR["size"], g0, method))
         verdict = _time_verdict(r, "solve_seconds", TARGET_HEUR["seconds"])
         if r and r.get("outcome") == "ok":
-            gap_ok = r["gap"] <= TARGET_HEUR["gap"]
+            fast = lp.get((sched, TARGET_HEUR["size"], g0, "fast"))
+            gap = _lp_gap_value(r, fast)
+            gap_ok = gap is not None and gap <= TARGET_HEUR["gap"]
             verdict = [
-                f"gap {r['gap'] * 100:.2f} %, {verdict[0]}",
+                f"gap {_lp_gap(r, fast)}, {verdict[0]}",
                 "PASS" if gap_ok and verdict[1] == "PASS" else "MISS",
             ]
         rows.append(
@@ -1100,7 +1123,7 @@ def render(
                 f"`heuristic` within {TARGET_HEUR['gap'] * 100:g} % of the LP bound at "
                 f"{_size(TARGET_HEUR['size'])} {SCHEDULE_LABEL[sched]} in under "
                 f"{TARGET_HEUR['seconds']:g} s",
-                METHOD_LABEL["heuristic"],
+                METHOD_LABEL[method],
                 *verdict,
             ]
         )
@@ -1150,6 +1173,19 @@ def _rel(a: float | None, b: float | None) -> float | None:
     if a is None or b is None:
         return None
     return abs(a - b) / max(abs(b), 1e-12)
+
+
+def _lp_gap_value(r: dict[str, Any], fast: dict[str, Any] | None) -> float | None:
+    """(plan − LP bound) / plan, the LP bound from the arrays row (or the solve's own, if it is
+    the LP's: status `heuristic`); None when neither is known."""
+    if fast is not None and fast.get("outcome") == "ok":
+        return (r["predicted_ms"] - fast["lp_bound_ms"]) / r["predicted_ms"]
+    return r["gap"] if r.get("status") == "heuristic" else None
+
+
+def _lp_gap(r: dict[str, Any], fast: dict[str, Any] | None) -> str:
+    gap = _lp_gap_value(r, fast)
+    return "LP bound unknown" if gap is None else f"{gap * 100:.2f} %"
 
 
 def _lp_row(
@@ -1207,6 +1243,9 @@ def _lp_row(
     if method == "heuristic":
         total = r.get("solve_seconds")
         plan = f"{r['predicted_ms']:.1f} ({r['gap'] * 100:.2f} %)"
+    elif method == "heuristic-2s":
+        total = r.get("solve_seconds")
+        plan = f"{r['predicted_ms']:.1f} ({_lp_gap(r, fast)}; own {r['gap'] * 100:.2f} %)"
     else:
         total = r.get("wall_s")
         plan = "—"
