@@ -47,14 +47,16 @@ def test_quick_bench_writes_all_tables(tmp_path: Path) -> None:
         assert line in text, line
 
     rows = [ln for ln in text.splitlines() if ln.startswith("| ")]
-    # lp at 8×64: three schedules × (arrays, warm re-solve, heuristic, PuLP+HiGHS, PuLP+CBC),
-    # all solved; the PuLP LPs and the warm re-solve agree with the array-built LP.
+    # lp at 8×64: three schedules × (arrays, warm re-solve, heuristic, heuristic with a 2 s limit,
+    # PuLP+HiGHS, PuLP+CBC), all solved; the PuLP LPs and the warm re-solve agree with the
+    # array-built LP.
     lp_rows = [
         ln
         for ln in rows
         if ln.startswith(("| 1F1B | 8×64 |", "| Interleaved1F1B | 8×64 |", "| ZBV | 8×64 |"))
     ]
-    assert len(lp_rows) == 15, lp_rows
+    assert len(lp_rows) == 18, lp_rows
+    assert sum("| heuristic, 2 s limit |" in ln and "; own " in ln for ln in lp_rows) == 3
     assert not any("error" in ln or "timeout" in ln or "not run" in ln for ln in lp_rows), lp_rows
     for ln in lp_rows:
         if "PuLP" in ln or "warm" in ln:
