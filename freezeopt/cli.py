@@ -412,7 +412,11 @@ def solve_cmd(
         float, typer.Option(help="Largest share of one step's expected progress freezing may drop.")
     ] = 0.1,
     mode: Annotated[
-        str, typer.Option(help="milp (exact, time-limited), lp (relaxation) or heuristic.")
+        str,
+        typer.Option(
+            help="milp (exact, time-limited), lp (relaxation) or heuristic (answers within "
+            "--time-limit: without the LP when the LP does not solve in 80 % of it)."
+        ),
     ] = "milp",
     solver: Annotated[str, typer.Option(help="cbc (bundled) or highs.")] = "cbc",
     time_limit: Annotated[
@@ -445,7 +449,8 @@ def solve_cmd(
     fallback: Annotated[
         str,
         typer.Option(
-            help="none, or heuristic: on a solver failure, answer with the greedy heuristic."
+            help="none, or heuristic: on a solver failure in milp or lp, answer with the "
+            "heuristic's search from a plan built without the LP."
         ),
     ] = "none",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
