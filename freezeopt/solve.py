@@ -25,7 +25,8 @@ without the LP and the reported bound is the rank-load bound (`freezeopt.balance
 answers within its time limit at every size.
 `time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back). Solvers check
 their limits rarely inside a MIP's root node: CBC solves the root LP first, so `milp` with CBC
-starts no MILP with less time left than the relaxation took; HiGHS's phase 2 (whose first root
+starts no MILP with less time left than the relaxation took, and a CBC run past its limit is
+stopped (`_CbcWatchdog`); HiGHS's phase 2 (whose first root
 step took about 9 s at 16×64 with 8 groups) runs in a child process killed at the deadline
 (`freezeopt.highs_child`), and phase 1's overrun of its half of the time comes out of phase 2's.
 Every mode reports the no-freeze step time, the all-frozen floor, the LP bound and the step time
