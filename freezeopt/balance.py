@@ -13,7 +13,7 @@ freezing, `T ≥ need_r − Σ c·k` on every rank, for any plan the LP allows, 
 at least the least level `τ` at which every rank can be brought down to `τ` within the budget and
 the group caps (stage caps left out: a relaxation). Per rank, the cheapest way to cut `R` ms is a
 fractional knapsack over the segments of the convex loss curves (cheapest signal per ms first), so
-`τ` is found by bisection. Tight where ranks are busy (ZBVZeroBubble: 0.45 % under the LP bound at
+`τ` is found by bisection. Tight where ranks are busy (ZBVZeroBubble: 0.16 % under the LP bound at
 64×256); loose where the schedule has bubbles the windows miss (1F1B: about 3 % under).
 
 The start: the same allocation in whole microbatches (freeze in the rank with the highest level
