@@ -8,6 +8,16 @@ from freezeopt.dag import PipelineDag, build_dag
 from freezeopt.profile_file import Profile
 from freezeopt.synth import SynthOptions, synth_profile
 
+SHAPES = [
+    ("1F1B", 2, 4),
+    ("1F1B", 4, 8),
+    ("GPipe", 3, 6),
+    ("Interleaved1F1B", 2, 4),
+    ("ZBVZeroBubble", 2, 6),
+    ("DualPipeV", 2, 4),
+]
+"""(schedule, ranks, microbatches): small pipelines of every schedule the synthesiser builds."""
+
 
 def make_profile(**kw: object) -> Profile:
     """A synthetic profile; keyword arguments override SynthOptions defaults (small sizes)."""

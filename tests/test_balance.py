@@ -8,24 +8,17 @@ import itertools
 import pulp
 import pytest
 
-from freezeopt.balance import balanced_plan, rank_bound, rank_needs
+from freezeopt.balance import rank_bound, rank_needs
 from freezeopt.dag import build_dag
 from freezeopt.lp_fast import FastLP
 from freezeopt.sensitivity import estimate_signal
-from freezeopt.solve import SolveOptions, _Model, _stage_cap
-from tests.conftest import make_profile
+from freezeopt.solve import SolveOptions, _Model
+from tests.conftest import SHAPES, make_profile
 
 CASES = [
     (schedule, ranks, mbs, groups, seed)
     for (schedule, ranks, mbs), groups, seed in itertools.product(
-        [
-            ("1F1B", 2, 4),
-            ("1F1B", 4, 8),
-            ("GPipe", 3, 6),
-            ("Interleaved1F1B", 2, 4),
-            ("ZBVZeroBubble", 2, 6),
-            ("DualPipeV", 2, 4),
-        ],
+        SHAPES,
         (1, 3),
         (0, 1),
     )
@@ -101,31 +94,10 @@ def test_balanced_plan_keeps_budget_and_caps_and_shortens_the_step(
     schedule: str, ranks: int, mbs: int, groups: int, seed: int, stage_cap: float | None
 ) -> None:
     m = _model(schedule, ranks, mbs, groups, seed, budget=0.1, group_cap=0.5, stage_cap=stage_cap)
-    need = rank_needs(m.dag, m.timer)
-    plan = balanced_plan(
-        m.dag,
-        m.timer,
-        need,
-        m.by_group,
-        m.loss,
-        kmax=m.kmax,
-        budget=0.1,
-        stage_share=m.stage_share,
-        stage_cap=_stage_cap(m.dag, m),
-    )
+    _, plan = m.lp_free(0.0)  # balanced_plan with the model's own budget and caps
     assert plan and set(plan.values()) == {1.0} and set(plan) <= set(m.keys)
     assert m.fits(plan)
     assert m.makespan(plan) < m.makespan({})
     # deterministic: the same inputs, the same plan
-    again = balanced_plan(
-        m.dag,
-        m.timer,
-        rank_needs(m.dag, m.timer),
-        m.by_group,
-        m.loss,
-        kmax=m.kmax,
-        budget=0.1,
-        stage_share=m.stage_share,
-        stage_cap=_stage_cap(m.dag, m),
-    )
+    _, again = m.lp_free(0.0)
     assert list(again.items()) == list(plan.items())

@@ -15,7 +15,7 @@ from freezeopt.sensitivity import estimate_signal
 from freezeopt.simulate import Timer, simulate
 from freezeopt.solve import SolveOptions, solve
 from freezeopt.timelyfreeze import solve_timelyfreeze_lp
-from tests.conftest import make_profile
+from tests.conftest import SHAPES, make_profile
 
 
 def _solve(profile, **kw):
@@ -24,17 +24,7 @@ def _solve(profile, **kw):
     return dag, solve(dag, estimate_signal(profile, opts.sensitivity), opts)
 
 
-@pytest.mark.parametrize(
-    ("schedule", "ranks", "mbs"),
-    [
-        ("1F1B", 2, 4),
-        ("1F1B", 4, 8),
-        ("GPipe", 3, 6),
-        ("Interleaved1F1B", 2, 4),
-        ("ZBVZeroBubble", 2, 6),
-        ("DualPipeV", 2, 4),
-    ],
-)
+@pytest.mark.parametrize(("schedule", "ranks", "mbs"), SHAPES)
 @pytest.mark.parametrize("solver", ["cbc", "highs"])
 def test_lp_reproduces_timelyfreeze(schedule: str, ranks: int, mbs: int, solver: str) -> None:
     """One group per stage, flat sensitivity, no budget, per-stage cap 0.9: TimelyFreeze's LP."""
