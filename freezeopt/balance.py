@@ -135,8 +135,8 @@ def balanced_plan(
     stage_cap: float,
 ) -> dict[Key, float]:
     """A plan in whole microbatches that lowers the highest rank first; see the module
-    docstring. `need` is `rank_needs`; `stage_cap` bounds a stage's frozen microbatches weighted by `stage_share`
-    (inf: none). Within budget and caps by construction."""
+    docstring. `need` is `rank_needs`; `stage_cap` bounds a stage's frozen microbatches weighted
+    by `stage_share` (inf: none). Within budget and caps by construction."""
     level = need.copy()
     per_rank = _rank_pairs(dag, list(by_group))
     counts = dict.fromkeys(by_group, 0)
@@ -163,14 +163,14 @@ def balanced_plan(
         per_stage[sg[0]] = per_stage.get(sg[0], 0.0) + stage_share[sg]
         level[r] -= dag.group_cost[sg[0]][sg[1]]
         heapq.heappush(heap, (-float(level[r]), r))
+    in_order = {
+        sg: sorted(keys, key=lambda k: (k[0].microbatch, k[0].kind))
+        for sg, keys in sorted(by_group.items())
+    }
     best_plan: dict[Key, float] = {}
     best_span = math.inf
     for place in (_spread, _ends):
-        plan = {}
-        for sg, keys in sorted(by_group.items()):
-            ranked = sorted(keys, key=lambda k: (k[0].microbatch, k[0].kind))
-            for k in place(ranked, counts[sg]):
-                plan[k] = 1.0
+        plan = {k: 1.0 for sg, keys in in_order.items() for k in place(keys, counts[sg])}
         span = timer.times(np.maximum(timer.durations(plan), 0.0))[0]
         if span < best_span - 1e-9:
             best_plan, best_span = plan, span
