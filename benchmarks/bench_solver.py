@@ -34,6 +34,7 @@ import datetime as dt
 import importlib.metadata
 import itertools
 import json
+import math
 import os
 import platform
 import resource
@@ -60,11 +61,15 @@ LP_SCHEDULES = ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"]
 LP_GROUPS = [4, 8]
 LP_SIZES_MORE_GROUPS = [(32, 128), (64, 256)]  # the default run's sizes with 8 groups
 LP_METHODS = ["fast", "heuristic", "heuristic-2s", "pulp-highs", "pulp-cbc"]
+LP_METHODS_MORE = ["heuristic-10s", "heuristic-10s-rank"]  # run only when --methods names them
+HEUR_10S = 10.0
 METHOD_LABEL = {
     "fast": "lp, arrays → HiGHS",
     "warm": "lp, warm re-solve",
     "heuristic": "heuristic",
     "heuristic-2s": "heuristic, 2 s limit",
+    "heuristic-10s": "heuristic, 10 s limit",
+    "heuristic-10s-rank": "heuristic, 10 s limit, no first-order relaxation",
     "pulp-highs": "lp, PuLP → HiGHS",
     "pulp-cbc": "lp, PuLP → CBC",
 }
@@ -250,9 +255,15 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         opts = SolveOptions(**case["opts"])
         sig = estimate_signal(profile, opts.sensitivity)
         if case.get("load_passes"):  # once per process, as a training run's re-plans pay it
+            from freezeopt.relax import load_relax_passes
             from freezeopt.simulate import load_passes
 
             load_passes()
+            load_relax_passes()
+        if case.get("no_relax"):  # the LP-free path as before freezeopt.relax: rank-load only
+            import freezeopt.solve
+
+            freezeopt.solve.RELAX_PER_TIMER = math.inf
         t1 = time.perf_counter()
         r = solve(dag, sig, opts)
         out.update(
@@ -596,13 +607,14 @@ def bench_lp(runner: Runner, cfg: dict[str, Any]) -> dict:
                             "spec": spec,
                             "opts": {**base, "mode": "heuristic"},
                         }
-                    elif method == "heuristic-2s":
-                        limit = TARGET_HEUR["seconds"]
+                    elif method.startswith("heuristic-"):
+                        limit = HEUR_10S if "10s" in method else TARGET_HEUR["seconds"]
                         case = {
                             "kind": "solve",
                             "spec": spec,
                             "opts": {**base, "mode": "heuristic", "time_limit": limit},
                             "load_passes": True,
+                            "no_relax": method.endswith("-rank"),
                         }
                     else:
                         solver = method.split("-")[1]
@@ -881,10 +893,24 @@ def render(
             f"- **heuristic, {TARGET_HEUR['seconds']:g} s limit** — the same with "
             f"`time_limit={TARGET_HEUR['seconds']:g}`, numba's compiled passes loaded before the "
             "call (about 0.3 s, once per process). The heuristic gives the LP 80 % of its time; "
-            "where the LP's build alone would not fit, it skips the LP and searches from the "
+            "where the LP's build alone would not fit, or the LP by a floor on its solve time "
+            "(`LP_SECONDS_PER_ACTION2`), it skips the LP and searches from the "
             "rank-balanced start (`freezeopt.balance`), status `heuristic_fallback`. LP bound = "
             "the bound the solve reports (the rank-load bound, then); gap = (plan − the arrays "
-            "row's LP bound) / plan, and in brackets against the solve's own bound.",
+            "row's LP bound) / plan, and in brackets against the solve's own bound. Without the "
+            "LP and with time for it, the first-order relaxation (`freezeopt.relax`) runs for half "
+            "the time left: its bound replaces the rank-load bound where higher, and its rounded "
+            "plan the rank-balanced start where faster.",
+            *(
+                [
+                    f"- **heuristic, {HEUR_10S:g} s limit** — the same with "
+                    f"`time_limit={HEUR_10S:g}`; **…, no first-order relaxation** — the same with "
+                    "the relaxation turned off (`RELAX_PER_TIMER = inf`): the LP-free path as "
+                    "before it, side by side."
+                ]
+                if any(m in cfg["lp_methods"] for m in LP_METHODS_MORE)
+                else []
+            ),
             "- **lp, PuLP → HiGHS / CBC** — the plain PuLP model of both phases "
             "(`_Model.solve_lp_pulp`, as `--solver cbc` runs and as `--solver highs` ran before): "
             "build s = PuLP objects, solve s = the solver including PuLP's transfer; check = "
@@ -1243,7 +1269,7 @@ def _lp_row(
     if method == "heuristic":
         total = r.get("solve_seconds")
         plan = f"{r['predicted_ms']:.1f} ({r['gap'] * 100:.2f} %)"
-    elif method == "heuristic-2s":
+    elif method.startswith("heuristic-"):
         total = r.get("solve_seconds")
         plan = f"{r['predicted_ms']:.1f} ({_lp_gap(r, fast)}; own {r['gap'] * 100:.2f} %)"
     else:
@@ -1345,7 +1371,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", help="section 1 sizes, e.g. 8x64,32x128 (default 8×64 … 64×256)")
     ap.add_argument("--schedules", help=f"section 1 schedules, of {','.join(LP_SCHEDULES)}")
     ap.add_argument("--groups", help="section 1 groups per stage, e.g. 4,8")
-    ap.add_argument("--methods", help=f"section 1 methods, of {','.join(LP_METHODS)}")
+    ap.add_argument(
+        "--methods",
+        help=f"section 1 methods, of {','.join(LP_METHODS + LP_METHODS_MORE)} (default: "
+        f"{','.join(LP_METHODS)})",
+    )
     ap.add_argument(
         "--lp-timeout", type=float, default=120.0, help="seconds per PuLP lp case (section 1)"
     )
@@ -1390,7 +1420,9 @@ def main(argv: list[str] | None = None) -> int:
         else LP_GROUPS[:1]
         if args.quick
         else LP_GROUPS,
-        "lp_methods": _names(args.methods, LP_METHODS, "method") if args.methods else LP_METHODS,
+        "lp_methods": _names(args.methods, LP_METHODS + LP_METHODS_MORE, "method")
+        if args.methods
+        else LP_METHODS,
         "trim_groups": not args.groups,
         "milp_sizes": MILP_SIZES[:1] if args.quick else MILP_SIZES,
         "dense_sizes": DENSE_SIZES[:1] if args.quick else DENSE_SIZES,

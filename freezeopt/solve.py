@@ -19,10 +19,12 @@ sensitivity, no budget and a per-stage cap it is TimelyFreeze's LP), and `heuris
 LP's phase-2 solution down per group, greedily freeze more on the critical path while the budget
 allows, then swap: move a group's freezing from a microbatch with slack to one on the critical
 path — the same counts, so the same signal and caps — and fill again; up to `BATCH` such swaps
-are tried at once before one at a time). The heuristic gives the LP `LP_SHARE` of its time; when
-the LP does not solve in it (1–2 minutes at 64×256), the same search starts from a plan built
-without the LP and the reported bound is the rank-load bound (`freezeopt.balance`), so `heuristic`
-answers within its time limit at every size.
+are tried at once before one at a time). The heuristic gives the LP `LP_SHARE` of its time (none
+when the LP cannot fit: `LP_BUILD_PER_TIMER`, `LP_SECONDS_PER_ACTION2`); when the LP does not solve
+in it (1–3 minutes at 64×256), the same search starts from a plan built without the LP and the
+reported bound is the rank-load bound (`freezeopt.balance`), or, with time for it, the better start
+and the higher bound of that and the first-order relaxation (`freezeopt.relax`, `RELAX_SHARE` of
+the time left), so `heuristic` answers within its time limit at every size.
 `time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back). Solvers check
 their limits rarely inside a MIP's root node: CBC solves the root LP first, so `milp` with CBC
 starts no MILP with less time left than the relaxation took, and a CBC run past its limit is
@@ -62,6 +64,7 @@ from freezeopt.errors import InputError, SolverError
 from freezeopt.fileio import stdout_to_stderr
 from freezeopt.highs_child import solve_mip_until
 from freezeopt.lp_fast import FastLP, LpCache, phase2_limit
+from freezeopt.relax import Relaxation, relax
 from freezeopt.sensitivity import Estimator, GroupSignal
 from freezeopt.simulate import Timer, simulate
 
@@ -83,6 +86,18 @@ in it, the search from the LP-free start (`freezeopt.balance`) has the rest."""
 LP_BUILD_PER_TIMER = 4.0
 """The LP's arrays take about this many times as long to build as the simulator's (2.4–4.1×
 measured from 16×64 to 64×256): with less time than that left for the LP, `heuristic` skips it."""
+LP_SECONDS_PER_ACTION2 = 2e-8
+"""A floor on the LP relaxation's solve time, in seconds per action squared: every measured solve
+took longer (1.8× at ZBV 32×128, 5.5 s; 3.2× at ZBV 64×256, 155 s; 9× at 1F1B 64×256; 10× at
+1F1B 16×64, 0.84 s; benchmarks/solver.md). `heuristic` skips an LP predicted not to fit in its
+share of the time (2 s at 64×256: the floor says 21–48 s)."""
+RELAX_SHARE = 0.5
+"""Share of the time left that the first-order relaxation (`freezeopt.relax`) gets when the
+answer comes without the LP; the search has the rest."""
+RELAX_PER_TIMER = 10.0
+"""The relaxation runs only when its share is at least this many times the simulator's build
+time: about 150 of its iterations (one takes 0.05–0.07× that build time, measured at 16×64 and
+64×256); fewer would spend the search's time on a worse start and a looser bound."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,11 +186,19 @@ def solve(
     lp_deadline = deadline if mode != "heuristic" else t0 + LP_SHARE * (deadline - t0)
     start: dict[Key, float] | None = None
     try:
-        if mode == "heuristic" and _left(lp_deadline) < LP_BUILD_PER_TIMER * timer_seconds:
-            raise SolverError(
-                f"no time for the LP relaxation in {LP_SHARE:.0%} of the time limit "
-                f"(its arrays alone take about {LP_BUILD_PER_TIMER * timer_seconds:.1f} s here)"
-            )
+        if mode == "heuristic":
+            lp_left = _left(lp_deadline)
+            build = LP_BUILD_PER_TIMER * timer_seconds
+            at_least = LP_SECONDS_PER_ACTION2 * len(dag.order) ** 2
+            if lp_left < max(build, at_least):
+                why = (
+                    f"its arrays alone take about {build:.1f} s here"
+                    if build >= at_least
+                    else f"at {len(dag.order)} actions it takes {at_least:.0f} s or more"
+                )
+                raise SolverError(
+                    f"no time for the LP relaxation in {LP_SHARE:.0%} of the time limit ({why})"
+                )
         lp1, lp_x = model.solve_lp(
             lp_deadline, write=opts.write_model if opts.mode != "milp" else None
         )
@@ -184,14 +207,31 @@ def solve(
             raise
         lp1, start = model.lp_free(floor)
         lp_x = {}
+        how = "the search from a rank-balanced start"
+        bound_note = f"the rank-load bound ({lp1:.1f} ms; see freezeopt.balance)"
+        if _left(deadline) * RELAX_SHARE >= RELAX_PER_TIMER * timer_seconds:
+            relaxed = model.relaxed(time.perf_counter() + RELAX_SHARE * _left(deadline))
+            if relaxed is not None:
+                r, rounded = relaxed
+                t_start, t_rounded = model.makespan(start), model.makespan(rounded)
+                if t_rounded < t_start - 1e-9:
+                    start = rounded
+                    how = "the search from the first-order relaxation's plan rounded down"
+                how = (
+                    f"{r.iterations} iterations of the first-order relaxation (freezeopt.relax), "
+                    f"then {how} (rounded {t_rounded:.1f} ms, rank-balanced {t_start:.1f} ms)"
+                )
+                if r.bound > lp1:
+                    bound_note = (
+                        f"the first-order relaxation's bound ({r.bound:.1f} ms; see "
+                        f"freezeopt.relax), above {bound_note}"
+                    )
+                    lp1 = r.bound
         notes.append(
-            f"{e}; answered without the LP: the search from a rank-balanced start"
+            f"{e}; answered without the LP: {how}"
             + (" (--fallback heuristic)" if mode != "heuristic" else "")
         )
-        notes.append(
-            f"lp_bound_ms is the rank-load bound ({lp1:.1f} ms; see freezeopt.balance), "
-            "at or below the LP bound, which is unknown"
-        )
+        notes.append(f"lp_bound_ms is {bound_note}, at or below the LP bound, which is unknown")
         opts = replace(opts, mode="heuristic")
     if opts.mode == "lp":
         frozen, status = lp_x, "optimal"
@@ -636,6 +676,25 @@ class _Model:
             stage_cap=_stage_cap(self.dag, self),
         )
         return max(bound, floor), start
+
+    def relaxed(self, until: float) -> tuple[Relaxation, dict[Key, float]] | None:
+        """Without the LP: the first-order relaxation until `until` (`freezeopt.relax`) and its
+        plan rounded down per group; None when it found nothing to freeze."""
+        o = self.opts
+        r = relax(
+            self.dag,
+            self.timer,
+            self.by_group,
+            self.loss,
+            kmax=self.kmax,
+            budget=o.budget,
+            stage_share=self.stage_share,
+            stage_cap=_stage_cap(self.dag, self),
+            deadline=until,
+        )
+        if not r.iterations:
+            return None
+        return r, _round_down(self, r.plan)
 
     def take_lp(self) -> FastLP | None:
         """The LP relaxation's HiGHS model, solved, for the caller to change; None when the LP

@@ -421,6 +421,7 @@ def test_heuristic_without_time_for_the_lp_answers_from_the_lp_free_start(
     assert bound <= lp.lp_bound_ms + 1e-6
 
     monkeypatch.setattr(solve_mod, "LP_BUILD_PER_TIMER", 1e12)
+    monkeypatch.setattr(solve_mod, "RELAX_PER_TIMER", 1e12)  # no first-order relaxation either
     r = solve(dag, estimate_signal(p, "gns"), opts)
     assert r.status == "heuristic_fallback"
     assert any("no time for the LP relaxation" in n for n in r.notes)
@@ -431,9 +432,37 @@ def test_heuristic_without_time_for_the_lp_answers_from_the_lp_free_start(
 
     monkeypatch.undo()
     monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
+    monkeypatch.setattr(solve_mod, "RELAX_PER_TIMER", 1e12)
     c = solve(dag, estimate_signal(p, "gns"), replace(opts, solver="cbc"))
     assert c.status == "heuristic_fallback" and c.lp_bound_ms == pytest.approx(bound)
     assert any("did not solve" in n for n in c.notes)
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+def test_without_the_lp_the_first_order_relaxation_tightens_the_bound_and_may_start_the_search(
+    monkeypatch: pytest.MonkeyPatch, schedule: str
+) -> None:
+    """LP skipped, time for the relaxation: the bound is the larger of the rank-load bound and
+    the relaxation's, still not above the LP optimum; the search starts from the faster of the
+    two starts, so the answer is no slower than either; the notes say which."""
+    from freezeopt import solve as solve_mod
+
+    p = make_profile(schedule=schedule, ranks=4, microbatches=16, groups=3)
+    opts = SolveOptions(mode="heuristic", solver="highs", budget=0.1, time_limit=2.0)
+    dag, model = _model(p, mode="heuristic", solver="highs", budget=0.1)
+    rank, balanced = model.lp_free(model.makespan(dag.all_frozen()))
+    lp = solve(dag, estimate_signal(p, "gns"), replace(opts, mode="lp"))
+    monkeypatch.setattr(solve_mod, "LP_BUILD_PER_TIMER", 1e12)
+    monkeypatch.setattr(solve_mod, "RELAX_PER_TIMER", 0.0)
+    r = solve(dag, estimate_signal(p, "gns"), opts)
+    assert r.status == "heuristic_fallback"
+    assert any("iterations of the first-order relaxation" in n for n in r.notes)
+    assert rank - 1e-9 <= r.lp_bound_ms <= lp.lp_bound_ms + 1e-6
+    if r.lp_bound_ms > rank + 1e-9:
+        assert any("the first-order relaxation's bound" in n for n in r.notes)
+    assert r.lp_bound_ms > rank + 1e-9 or schedule == "ZBVZeroBubble"  # 1F1B: tighter, measured
+    assert r.predicted_ms <= model.makespan(balanced) + 1e-9
+    assert r.signal_dropped <= 0.1 + 1e-9 and model.fits(r.frozen)
 
 
 def test_the_search_clock_stops_before_a_try_would_end_past_the_deadline(

@@ -1,0 +1,177 @@
+"""The first-order relaxation: its bound never exceeds the LP optimum, its plan keeps the budget
+and caps, its linear step is the exact knapsack, and given iterations it closes on the LP."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+import pulp
+import pytest
+
+from freezeopt.dag import build_dag
+from freezeopt.lp_fast import FastLP
+from freezeopt.relax import Relaxation, _Knapsack, relax
+from freezeopt.sensitivity import estimate_signal
+from freezeopt.solve import SolveOptions, _Model, _stage_cap
+from tests.conftest import SHAPES, make_profile
+
+CASES = [
+    (schedule, ranks, mbs, groups, seed)
+    for (schedule, ranks, mbs), groups, seed in itertools.product(SHAPES, (1, 3), (0, 1))
+]
+
+
+def _model(schedule: str, ranks: int, mbs: int, groups: int, seed: int, **kw: object) -> _Model:
+    p = make_profile(schedule=schedule, ranks=ranks, microbatches=mbs, groups=groups, seed=seed)
+    opts = SolveOptions(**kw)  # type: ignore[arg-type]
+    return _Model(build_dag(p), estimate_signal(p, opts.sensitivity), opts)
+
+
+def _relax(m: _Model, iterations: int) -> Relaxation:
+    return relax(
+        m.dag,
+        m.timer,
+        m.by_group,
+        m.loss,
+        kmax=m.kmax,
+        budget=m.opts.budget,
+        stage_share=m.stage_share,
+        stage_cap=_stage_cap(m.dag, m),
+        deadline=math.inf,
+        max_iterations=iterations,
+    )
+
+
+def _lp(m: _Model) -> float:
+    lp = FastLP(
+        m.dag,
+        keys=m.keys,
+        loss=m.loss,
+        kmax=m.kmax,
+        budget=m.opts.budget,
+        stage_cap=m.opts.stage_cap,
+        tolerance=0.0,
+    )
+    return lp.solve(time_limit=60).t1
+
+
+@pytest.mark.parametrize(("schedule", "ranks", "mbs", "groups", "seed"), CASES)
+@pytest.mark.parametrize(("budget", "stage_cap"), [(0.05, None), (0.3, None), (0.3, 0.4)])
+def test_bound_never_exceeds_the_lp_optimum_and_the_plan_keeps_budget_and_caps(
+    schedule: str, ranks: int, mbs: int, groups: int, seed: int, budget: float, stage_cap: float
+) -> None:
+    m = _model(schedule, ranks, mbs, groups, seed, budget=budget, stage_cap=stage_cap)
+    t_lp = _lp(m)
+    r = _relax(m, 150)
+    assert r.iterations == 150
+    assert r.bound <= t_lp * (1 + 1e-9) + 1e-9
+    assert r.bound > 0.5 * m.makespan({})  # a bound worth reporting, not a trivial one
+    assert m.fits(r.plan)  # fractional counts: budget by the loss curves' linear pieces, caps
+    assert all(0.0 < v <= 1.0 + 1e-12 for v in r.plan.values())
+    assert r.makespan == pytest.approx(m.makespan(r.plan), rel=1e-12)
+    assert r.makespan >= t_lp * (1 - 1e-9) - 1e-9  # a plan the LP allows is no faster than it
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+def test_given_iterations_it_closes_on_the_lp_optimum(schedule: str) -> None:
+    m = _model(schedule, 4, 16, 3, 0, budget=0.1)
+    t_lp = _lp(m)
+    r = _relax(m, 3000)
+    assert t_lp * (1 - 0.01) <= r.bound <= t_lp * (1 + 1e-9)
+    assert t_lp * (1 - 1e-9) <= r.makespan <= t_lp * (1 + 0.01)
+    base = m.makespan({})
+    assert r.makespan < base - 0.5 * (base - t_lp)  # most of the LP's speed-up, fractional
+
+
+def test_the_same_iterations_give_the_same_answer() -> None:
+    m = _model("Interleaved1F1B", 2, 8, 3, 1, budget=0.2)
+    a, b = _relax(m, 200), _relax(m, 200)
+    assert a == b
+
+
+def test_it_stops_by_its_deadline() -> None:
+    m = _model("1F1B", 4, 16, 3, 0, budget=0.1)
+    t0 = time.perf_counter()
+    until = t0 + 0.3
+    r = relax(
+        m.dag,
+        m.timer,
+        m.by_group,
+        m.loss,
+        kmax=m.kmax,
+        budget=m.opts.budget,
+        stage_share=m.stage_share,
+        stage_cap=math.inf,
+        deadline=until,
+    )
+    assert r.iterations > 0
+    assert time.perf_counter() < until + 0.25  # one iteration and the final timing past it, at most
+
+
+def test_nothing_to_freeze_gives_the_unfrozen_step_as_the_bound() -> None:
+    m = _model("1F1B", 2, 4, 2, 0, budget=0.1, group_cap=0.0)
+    r = _relax(m, 10)
+    assert r.plan == {} and r.iterations == 0
+    assert r.bound == pytest.approx(m.makespan({})) == pytest.approx(r.makespan)
+
+
+@pytest.mark.parametrize(("seed", "stage_cap"), [(0, None), (1, None), (2, 0.3), (3, 0.6)])
+def test_the_linear_step_is_the_exact_knapsack(seed: int, stage_cap: float | None) -> None:
+    """For random action weights, the knapsack's plan and value equal an LP posed in PuLP (counts,
+    the convex loss by its linear pieces, budget, group and stage caps); without stage caps its
+    second value is that LP's with the caps left out."""
+    m = _model("ZBVZeroBubble", 2, 8, 3, seed, budget=0.15, stage_cap=stage_cap)
+    ks = _Knapsack(
+        m.dag,
+        m.timer,
+        m.by_group,
+        m.loss,
+        m.kmax,
+        m.opts.budget,
+        m.stage_share,
+        _stage_cap(m.dag, m),
+    )
+    rng = np.random.default_rng(seed)
+    p = rng.random(len(m.timer.order))
+    p[rng.random(len(p)) < 0.3] = 0.0  # off every path: freezing there saves nothing
+    x, value, value_free = ks.solve(p)
+    idx = m.timer.idx
+
+    def lp(capped: bool) -> float:
+        prob = pulp.LpProblem("linear_step", pulp.LpMaximize)
+        xv = {k: prob.add_variable(f"x_{i}", 0, 1) for i, k in enumerate(ks.keys)}
+        ell = {sg: prob.add_variable(f"l_{sg[0]}_{sg[1]}", 0) for sg in m.by_group}
+        gain = [p[idx[a]] * m.dag.group_cost[a.stage][g] * v for (a, g), v in xv.items()]
+        prob += pulp.lpSum(gain)
+        for sg, keys in m.by_group.items():
+            k = pulp.lpSum(xv[key] for key in keys)
+            prob += k <= m.kmax, f"kmax_{sg[0]}_{sg[1]}"
+            loss = m.loss[sg]
+            for j in range(m.kmax):
+                prob += ell[sg] >= loss[j] + (loss[j + 1] - loss[j]) * (k - j), f"p_{sg}_{j}"
+        prob += pulp.lpSum(ell.values()) <= m.opts.budget, "budget"
+        if capped and m.opts.stage_cap is not None:
+            for s in {s for s, _ in m.by_group}:
+                load = [
+                    m.stage_share[sg] * xv[key]
+                    for sg, keys in m.by_group.items()
+                    if sg[0] == s
+                    for key in keys
+                ]
+                prob += pulp.lpSum(load) <= m.opts.stage_cap * m.dag.n_microbatches, f"cap_{s}"
+        prob.solve(pulp.HiGHS(msg=False))
+        assert pulp.LpStatus[prob.status] == "Optimal"
+        return float(pulp.value(prob.objective))
+
+    plan = {k: float(v) for k, v in zip(ks.keys, x, strict=True) if v > 0}
+    assert m.fits(plan)
+    got = sum(p[idx[a]] * m.dag.group_cost[a.stage][g] * v for (a, g), v in plan.items())
+    assert got == pytest.approx(value, rel=1e-9, abs=1e-9)
+    assert value_free == pytest.approx(lp(capped=False), rel=1e-7, abs=1e-7)
+    if stage_cap is None:
+        assert value == pytest.approx(value_free)
+    else:  # greedy within stage caps: feasible, not always the capped optimum, never above it
+        assert value <= lp(capped=True) + 1e-7 <= value_free + 2e-7
