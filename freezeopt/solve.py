@@ -216,7 +216,7 @@ def solve(
                 t_start, t_rounded = model.makespan(start), model.makespan(rounded)
                 if t_rounded < t_start - 1e-9:
                     start = rounded
-                    how = "the search from the first-order relaxation's plan rounded down"
+                    how = "the search from the first-order relaxation's plan rounded"
                 how = (
                     f"{r.iterations} iterations of the first-order relaxation (freezeopt.relax), "
                     f"then {how} (rounded {t_rounded:.1f} ms, rank-balanced {t_start:.1f} ms)"
@@ -694,7 +694,7 @@ class _Model:
         )
         if not r.iterations:
             return None
-        return r, _round_down(self, r.plan)
+        return r, _round_spread(self, r.plan)
 
     def take_lp(self) -> FastLP | None:
         """The LP relaxation's HiGHS model, solved, for the caller to change; None when the LP
@@ -1016,6 +1016,51 @@ def _round_down(model: _Model, lp_x: Mapping[Key, float]) -> dict[Key, float]:
         worst = max(plan, key=lambda k: (model.loss[(k[0].stage, k[1])][1], k))
         del plan[worst]
     return plan
+
+
+ROUND_SURE = (0.5, 0.7, 0.9)
+"""Thresholds `_round_spread` tries: microbatches frozen at least this much count as frozen."""
+
+
+def _round_spread(model: _Model, x: Mapping[Key, float]) -> dict[Key, float]:
+    """Round a fractional plan that spreads freezing thinly (`freezeopt.relax`'s, an average of
+    many knapsack plans) into whole microbatches: per group, the count rounded down; the
+    microbatches frozen at least a threshold are kept, and the rest of the count is spread over the
+    others in step order in proportion to their frozen extent (systematic rounding). Rounding
+    down by extent alone (`_round_down`) bunches the thin part where its extents happen to be
+    highest: measured at 64×256 after 5 s of the relaxation, 6.14 % and 5.20 % from the LP bound
+    (1F1B, Interleaved1F1B) against 5.78 % and 2.39 % spread. Tries `ROUND_SURE` and rounding down;
+    returns the plan the simulator times fastest."""
+    best = _round_down(model, x)
+    best_t = model.makespan(best)
+    ordered = {
+        sg: sorted(keys, key=lambda k: (k[0].microbatch, k[0].kind))
+        for sg, keys in sorted(model.by_group.items())
+    }
+    for sure in ROUND_SURE:
+        plan: dict[Key, float] = {}
+        for keys in ordered.values():
+            v = np.array([x.get(k, 0.0) for k in keys])
+            n = min(math.floor(float(v.sum()) + 1e-6), model.kmax)
+            if n <= 0:
+                continue
+            top = np.lexsort((np.arange(len(v)), -v))[:n]
+            kept = top[v[top] >= sure]
+            rest = v.copy()
+            rest[kept] = 0.0
+            left, mass = n - len(kept), float(rest.sum())
+            chosen = kept.tolist()
+            if left > 0 and mass > 0:
+                c = np.cumsum(rest) * (left / mass) + 0.5
+                prev = np.concatenate(([0.5], c[:-1]))
+                chosen += np.flatnonzero(np.floor(c) > np.floor(prev))[:left].tolist()
+            plan.update((keys[i], 1.0) for i in chosen)
+        if not model.fits(plan):  # counts only fall, so this is numerical drift at most
+            continue
+        t = model.makespan(plan)
+        if t < best_t - 1e-9:
+            best, best_t = plan, t
+    return best
 
 
 def _tally(
