@@ -34,7 +34,6 @@ import datetime as dt
 import importlib.metadata
 import itertools
 import json
-import math
 import os
 import platform
 import resource
@@ -263,7 +262,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         if case.get("no_relax"):  # the LP-free path as before freezeopt.relax: rank-load only
             import freezeopt.solve
 
-            freezeopt.solve.RELAX_PER_TIMER = math.inf
+            freezeopt.solve.RELAX_ITERATIONS = 10**12
         t1 = time.perf_counter()
         r = solve(dag, sig, opts)
         out.update(
@@ -894,7 +893,7 @@ def render(
             f"`time_limit={TARGET_HEUR['seconds']:g}`, numba's compiled passes loaded before the "
             "call (about 0.3 s, once per process). The heuristic gives the LP 80 % of its time; "
             "where the LP's build alone would not fit, or the LP by a floor on its solve time "
-            "(`LP_SECONDS_PER_ACTION2`), it skips the LP and searches from the "
+            "(`LP_SECONDS_PER_PAIR2`), it skips the LP and searches from the "
             "rank-balanced start (`freezeopt.balance`), status `heuristic_fallback`. LP bound = "
             "the bound the solve reports (the rank-load bound, then); gap = (plan − the arrays "
             "row's LP bound) / plan, and in brackets against the solve's own bound. Without the "
@@ -905,7 +904,7 @@ def render(
                 [
                     f"- **heuristic, {HEUR_10S:g} s limit** — the same with "
                     f"`time_limit={HEUR_10S:g}`; **…, no first-order relaxation** — the same with "
-                    "the relaxation turned off (`RELAX_PER_TIMER = inf`): the LP-free path as "
+                    "the relaxation turned off (`RELAX_ITERATIONS = 10**12`): the LP-free path as "
                     "before it, side by side."
                 ]
                 if any(m in cfg["lp_methods"] for m in LP_METHODS_MORE)

@@ -20,7 +20,7 @@ LP's phase-2 solution down per group, greedily freeze more on the critical path 
 allows, then swap: move a group's freezing from a microbatch with slack to one on the critical
 path — the same counts, so the same signal and caps — and fill again; up to `BATCH` such swaps
 are tried at once before one at a time). The heuristic gives the LP `LP_SHARE` of its time (none
-when the LP cannot fit: `LP_BUILD_PER_TIMER`, `LP_SECONDS_PER_ACTION2`); when the LP does not solve
+when the LP cannot fit: `LP_BUILD_PER_TIMER`, `LP_SECONDS_PER_PAIR2`); when the LP does not solve
 in it (1–3 minutes at 64×256), the same search starts from a plan built without the LP and the
 reported bound is the rank-load bound (`freezeopt.balance`), or, with time for it, the better start
 and the higher bound of that and the first-order relaxation (`freezeopt.relax`, `RELAX_SHARE` of
@@ -86,18 +86,28 @@ in it, the search from the LP-free start (`freezeopt.balance`) has the rest."""
 LP_BUILD_PER_TIMER = 4.0
 """The LP's arrays take about this many times as long to build as the simulator's (2.4–4.1×
 measured from 16×64 to 64×256): with less time than that left for the LP, `heuristic` skips it."""
-LP_SECONDS_PER_ACTION2 = 2e-8
-"""A floor on the LP relaxation's solve time, in seconds per action squared: every measured solve
-took longer (1.8× at ZBV 32×128, 5.5 s; 3.2× at ZBV 64×256, 155 s; 9× at 1F1B 64×256; 10× at
-1F1B 16×64, 0.84 s; benchmarks/solver.md). `heuristic` skips an LP predicted not to fit in its
-share of the time (2 s at 64×256: the floor says 21–48 s)."""
+LP_SECONDS_PER_PAIR2 = 1.5e-7
+"""A floor on the LP relaxation's solve time, in seconds per (stage × microbatch)² — pairs, not
+actions, so schedules with two or three actions a pair sit on one scale: every measured solve took
+1.5× this or longer (Interleaved1F1B 4.2 s at 32×128 and 64–67 s at 64×256; ZBV 5.5 s and
+82–85 s; 1F1B 5.5 s and 106–108 s; 1F1B 16×64 with 8 groups, 0.84 s, 5.5×; benchmarks/solver.md
+runs L and M). `heuristic` skips an LP this says cannot fit in its share of the time (at a 2 s
+limit, every schedule from 32×128 up: the floor is 2.5 s there, 40 s at 64×256)."""
+RELAX_ABOVE_GAP = 0.03
+"""The relaxation runs only when the rank-balanced start is proven further than this from the
+rank-load bound: where that start is already close (ZBV: 2.2–2.3 % at 32×128 and 64×256, with a
+bound 0.16 % under the LP's), the search's time is worth more (measured at ZBV 32×128 with a 2 s
+limit: 0.41 % from the LP bound with the relaxation, 0.12 % without)."""
 RELAX_SHARE = 0.5
 """Share of the time left that the first-order relaxation (`freezeopt.relax`) gets when the
 answer comes without the LP; the search has the rest."""
-RELAX_PER_TIMER = 10.0
-"""The relaxation runs only when its share is at least this many times the simulator's build
-time: about 150 of its iterations (one takes 0.05–0.07× that build time, measured at 16×64 and
-64×256); fewer would spend the search's time on a worse start and a looser bound."""
+RELAX_ITERATIONS = 150
+RELAX_SECONDS_PER_ACTION = 4e-7
+"""The relaxation runs only when its share of the time fits `RELAX_ITERATIONS` iterations at
+`RELAX_SECONDS_PER_ACTION` per action each (measured 0.21–0.32 µs per action with 4 groups from
+8×64 to 64×256, 0.42 µs at 16×64 with 8 groups); fewer would spend the search's time on a worse
+start and a looser bound. A count of actions, not a clock, so the choice does not move with the
+machine's load (the simulator's build time, tried first, varied 0.19–0.62 s at 64×256)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,12 +199,12 @@ def solve(
         if mode == "heuristic":
             lp_left = _left(lp_deadline)
             build = LP_BUILD_PER_TIMER * timer_seconds
-            at_least = LP_SECONDS_PER_ACTION2 * len(dag.order) ** 2
+            at_least = LP_SECONDS_PER_PAIR2 * (dag.n_stages * dag.n_microbatches) ** 2
             if lp_left < max(build, at_least):
                 why = (
                     f"its arrays alone take about {build:.1f} s here"
                     if build >= at_least
-                    else f"at {len(dag.order)} actions it takes {at_least:.0f} s or more"
+                    else f"at {dag.n_stages}×{dag.n_microbatches} it takes {at_least:.0f} s or more"
                 )
                 raise SolverError(
                     f"no time for the LP relaxation in {LP_SHARE:.0%} of the time limit ({why})"
@@ -209,7 +219,9 @@ def solve(
         lp_x = {}
         how = "the search from a rank-balanced start"
         bound_note = f"the rank-load bound ({lp1:.1f} ms; see freezeopt.balance)"
-        if _left(deadline) * RELAX_SHARE >= RELAX_PER_TIMER * timer_seconds:
+        relax_needs = RELAX_ITERATIONS * RELAX_SECONDS_PER_ACTION * len(dag.order)
+        proven = 1 - lp1 / model.makespan(start)  # the rank-balanced start's proven gap
+        if proven > RELAX_ABOVE_GAP and _left(deadline) * RELAX_SHARE >= relax_needs:
             relaxed = model.relaxed(time.perf_counter() + RELAX_SHARE * _left(deadline))
             if relaxed is not None:
                 r, rounded = relaxed

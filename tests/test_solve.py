@@ -421,7 +421,7 @@ def test_heuristic_without_time_for_the_lp_answers_from_the_lp_free_start(
     assert bound <= lp.lp_bound_ms + 1e-6
 
     monkeypatch.setattr(solve_mod, "LP_BUILD_PER_TIMER", 1e12)
-    monkeypatch.setattr(solve_mod, "RELAX_PER_TIMER", 1e12)  # no first-order relaxation either
+    monkeypatch.setattr(solve_mod, "RELAX_ITERATIONS", 10**12)  # no first-order relaxation either
     r = solve(dag, estimate_signal(p, "gns"), opts)
     assert r.status == "heuristic_fallback"
     assert any("no time for the LP relaxation" in n for n in r.notes)
@@ -432,7 +432,7 @@ def test_heuristic_without_time_for_the_lp_answers_from_the_lp_free_start(
 
     monkeypatch.undo()
     monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
-    monkeypatch.setattr(solve_mod, "RELAX_PER_TIMER", 1e12)
+    monkeypatch.setattr(solve_mod, "RELAX_ITERATIONS", 10**12)
     c = solve(dag, estimate_signal(p, "gns"), replace(opts, solver="cbc"))
     assert c.status == "heuristic_fallback" and c.lp_bound_ms == pytest.approx(bound)
     assert any("did not solve" in n for n in c.notes)
@@ -453,7 +453,11 @@ def test_without_the_lp_the_first_order_relaxation_tightens_the_bound_and_may_st
     rank, balanced = model.lp_free(model.makespan(dag.all_frozen()))
     lp = solve(dag, estimate_signal(p, "gns"), replace(opts, mode="lp"))
     monkeypatch.setattr(solve_mod, "LP_BUILD_PER_TIMER", 1e12)
-    monkeypatch.setattr(solve_mod, "RELAX_PER_TIMER", 0.0)
+    monkeypatch.setattr(solve_mod, "RELAX_ITERATIONS", 0)
+    monkeypatch.setattr(solve_mod, "RELAX_ABOVE_GAP", 1.0)  # the start is proven close enough
+    q = solve(dag, estimate_signal(p, "gns"), opts)
+    assert not any("first-order" in n for n in q.notes) and q.lp_bound_ms == pytest.approx(rank)
+    monkeypatch.setattr(solve_mod, "RELAX_ABOVE_GAP", -1.0)
     r = solve(dag, estimate_signal(p, "gns"), opts)
     assert r.status == "heuristic_fallback"
     assert any("iterations of the first-order relaxation" in n for n in r.notes)
