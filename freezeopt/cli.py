@@ -415,7 +415,8 @@ def solve_cmd(
         str,
         typer.Option(
             help="milp (exact, time-limited), lp (relaxation) or heuristic (answers within "
-            "--time-limit: without the LP when the LP does not solve in 80 % of it)."
+            "--time-limit: where the LP cannot solve in 80 % of it, from a rank-balanced start "
+            "or a first-order relaxation, with a bound of their own)."
         ),
     ] = "milp",
     solver: Annotated[str, typer.Option(help="cbc (bundled) or highs.")] = "cbc",
