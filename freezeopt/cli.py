@@ -497,13 +497,18 @@ def solve_cmd(
         return
     gain = r.baseline_ms - r.predicted_ms
     room = r.baseline_ms - r.lp_bound_ms
+    # without the LP the bound is one of freezeopt.balance's or freezeopt.relax's (notes say which)
+    no_lp = r.status == "heuristic_fallback"
+    what = "bound (no LP)" if no_lp else "LP bound"
     lines = [
         f"status          {r.status} ({r.mode}, {r.solver}, {r.solve_seconds:.2f} s)",
         f"no freezing     {r.baseline_ms:10.2f} ms",
         f"all frozen      {r.all_frozen_ms:10.2f} ms   (floor)",
-        f"LP bound        {r.lp_bound_ms:10.2f} ms   (budget {r.budget:g})",
+        f"{what:<16}{r.lp_bound_ms:10.2f} ms   (budget {r.budget:g})",
         f"predicted       {r.predicted_ms:10.2f} ms   ({r.baseline_ms / r.predicted_ms:.3f}x, "
-        f"{100 * gain / room if room > 1e-12 else 100:.1f}% of the LP-bound gain, gap {100 * r.gap:.2f}%)",
+        f"{100 * gain / room if room > 1e-12 else 100:.1f}% of the "
+        f"{'bound' if no_lp else 'LP-bound'} gain, "
+        f"gap {100 * r.gap:.2f}%)",
         f"signal dropped  {100 * r.signal_dropped:9.2f} %",
     ]
     lines += [f"note: {n}" for n in r.notes]

@@ -90,6 +90,19 @@ def test_human_output(profile: Path) -> None:
     assert "LP bound" in r.stdout and "predicted" in r.stdout
 
 
+def test_human_output_without_the_lp_names_its_bound(
+    profile: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the heuristic answers without the LP, the bound it prints is not the LP's."""
+    from freezeopt import solve as solve_mod
+
+    monkeypatch.setattr(solve_mod, "LP_BUILD_PER_TIMER", 1e12)
+    r = run("solve", profile, "--mode", "heuristic", "--solver", "highs")
+    assert r.exit_code == 0, r.output
+    assert "heuristic_fallback" in r.stdout and "bound (no LP)" in r.stdout
+    assert not re.search(r"^LP bound", r.stdout, re.M) and "of the bound gain" in r.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "code", "msg"),
     [
