@@ -20,7 +20,7 @@ LP's phase-2 solution down per group, greedily freeze more on the critical path 
 allows, then swap: move a group's freezing from a microbatch with slack to one on the critical
 path — the same counts, so the same signal and caps — and fill again; up to `BATCH` such swaps
 are tried at once before one at a time). The heuristic gives the LP `LP_SHARE` of its time (none
-when the LP cannot fit: `LP_BUILD_PER_TIMER`, `LP_SECONDS_PER_PAIR2`); when the LP does not solve
+when the LP cannot fit: `LP_BUILD_PER_TIMER`, `LP_SECONDS_PER_PAIR2`, `LP_FLOOR_SHARE`); when the LP does not solve
 in it (1–3 minutes at 64×256), the same search starts from a plan built without the LP and the
 reported bound is the rank-load bound (`freezeopt.balance`), or, with time for it, the better start
 and the higher bound of that and the first-order relaxation (`freezeopt.relax`, `RELAX_SHARE` of
@@ -93,6 +93,11 @@ actions, so schedules with two or three actions a pair sit on one scale: every m
 82–85 s; 1F1B 5.5 s and 106–108 s; 1F1B 16×64 with 8 groups, 0.84 s, 5.5×; benchmarks/solver.md
 runs L and M). `heuristic` skips an LP this says cannot fit in its share of the time (at a 2 s
 limit, every schedule from 32×128 up: the floor is 2.5 s there, 40 s at 64×256)."""
+LP_FLOOR_SHARE = 0.5
+"""`heuristic` tries the LP only when `LP_SECONDS_PER_PAIR2`'s floor is at most this share of the
+time it would get: the floor is 1.5–2.8× under the solves measured, so past half the share the LP
+would most likely not finish (64×256 at the default 60 s: floor 40 s, LP 66–113 s here), and the
+time is better spent without it. 32×128 at 10 s (floor 2.5 s, LP 4.2–6.3 s) still tries it."""
 RELAX_ABOVE_GAP = 0.03
 """The relaxation runs only when the rank-balanced start is proven further than this from the
 rank-load bound: where that start is already close (ZBV: 2.2–2.3 % at 32×128 and 64×256, with a
@@ -200,11 +205,12 @@ def solve(
             lp_left = _left(lp_deadline)
             build = LP_BUILD_PER_TIMER * timer_seconds
             at_least = LP_SECONDS_PER_PAIR2 * (dag.n_stages * dag.n_microbatches) ** 2
-            if lp_left < max(build, at_least):
+            if lp_left < build or lp_left * LP_FLOOR_SHARE < at_least:
                 why = (
                     f"its arrays alone take about {build:.1f} s here"
-                    if build >= at_least
-                    else f"at {dag.n_stages}×{dag.n_microbatches} it takes {at_least:.0f} s or more"
+                    if lp_left < build
+                    else f"at {dag.n_stages}×{dag.n_microbatches} it takes {at_least:.0f} s or "
+                    f"more, over {LP_FLOOR_SHARE:.0%} of the {lp_left:.0f} s it would get"
                 )
                 raise SolverError(
                     f"no time for the LP relaxation in {LP_SHARE:.0%} of the time limit ({why})"
