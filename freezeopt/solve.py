@@ -1205,10 +1205,15 @@ def _swap(
         ok = ~on_path[va] & (sl >= ix.cost[frozen] - 1e-9)
         frozen, va, sl = frozen[ok], va[ok], sl[ok]
         by = np.lexsort((ix.rank_a[va], -sl, ix.sg_id[frozen]))
-        spare: dict[tuple[int, int], list[int]] = {}
-        for i in frozen[by].tolist():
-            spare.setdefault(ix.sg[i], []).append(i)
-        donors = {sg: lst[0] for sg, lst in spare.items()}
+        ranked_donors = frozen[by].tolist()  # per (stage, group), in a run: most slack first
+        sg_sorted = ix.sg_id[frozen[by]]
+        cut = np.flatnonzero(np.r_[True, sg_sorted[1:] != sg_sorted[:-1]]).tolist()
+        spare = {  # (stage, group) → its donors' positions in ranked_donors
+            ix.sg[ranked_donors[a]]: range(a, b)
+            for a, b in zip(cut, [*cut[1:], len(ranked_donors)], strict=True)
+            if ranked_donors
+        }
+        donors = {sg: ranked_donors[r.start] for sg, r in spare.items()}
         by_freed = sorted(donors, key=lambda sg: (-_marginal(model, sg, counts[sg]), sg))
         moves = []
         for v in path:
@@ -1246,7 +1251,8 @@ def _swap(
             sg = ix.sg[i]
             if ix.sg[donor] != sg:
                 continue
-            free = next((j for j in spare.get(sg, ()) if j not in used), None)
+            mine = spare.get(sg, range(0))
+            free = next((j for j in map(ranked_donors.__getitem__, mine) if j not in used), None)
             if free is not None:
                 used.add(free)
                 batch.append((i, free))
