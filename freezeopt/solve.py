@@ -817,6 +817,18 @@ class _Index:
     """Key → index."""
     base: np.ndarray
     """Per action position: its duration with nothing frozen (the timer's)."""
+    at_ptr: np.ndarray
+    at_keys: np.ndarray
+    """`at` as one array: action position v's keys are `at_keys[at_ptr[v]:at_ptr[v + 1]]`."""
+    group_a: np.ndarray
+    """Per key: its group, as an array."""
+    pairs: tuple[tuple[int, int], ...]
+    """The (stage, group) of each `sg_id`."""
+    pair_stage: np.ndarray
+    pair_share: np.ndarray
+    """Per `sg_id`: its stage, and its share of the stage's freezable time."""
+    marginal: np.ndarray
+    """Per `sg_id` and count n (1…kmax): the signal of its n-th frozen microbatch (0 at n = 0)."""
 
     @staticmethod
     def of(model: _Model) -> _Index:
@@ -833,6 +845,11 @@ class _Index:
         rank = [0] * len(names)
         for r, v in enumerate(names):
             rank[v] = r
+        sizes = np.array([len(x) for x in at], dtype=np.int64)
+        marginal = np.zeros((len(pairs), model.kmax + 1))
+        for j, sg in enumerate(pairs):
+            curve = np.asarray(model.loss[sg][: model.kmax + 1], dtype=float)
+            marginal[j, 1 : len(curve)] = np.diff(curve)
         return _Index(
             act=np.array(act, dtype=np.int64),
             cost=np.array([model.dag.group_cost[a.stage][g] for a, g in keys], dtype=float),
@@ -844,7 +861,21 @@ class _Index:
             rank_a=np.array(rank, dtype=np.int64),
             pos={k: i for i, k in enumerate(keys)},
             base=timing.base,
+            at_ptr=np.concatenate(([0], np.cumsum(sizes))).astype(np.int64),
+            at_keys=np.array([i for x in at for i in x], dtype=np.int64),
+            group_a=np.array([g for _, g in keys], dtype=np.int64),
+            pairs=tuple(pairs),
+            pair_stage=np.array([s for s, _ in pairs], dtype=np.int64),
+            pair_share=np.array([model.stage_share[sg] for sg in pairs], dtype=float),
+            marginal=marginal,
         )
+
+    def on_path(self, path: Sequence[int]) -> np.ndarray:
+        """The keys of the actions of `path`, in path order (each action's in group order)."""
+        p = np.asarray(path, dtype=np.int64)
+        lo, n = self.at_ptr[p], self.at_ptr[p + 1] - self.at_ptr[p]
+        first = np.repeat(lo - np.concatenate(([0], np.cumsum(n)[:-1])), n)
+        return self.at_keys[first + np.arange(int(n.sum()), dtype=np.int64)]
 
     def mask(self, plan: Mapping[Key, float]) -> np.ndarray:
         on = np.zeros(len(self.sg), dtype=bool)
@@ -1119,6 +1150,14 @@ def _fill(
         return plan
     ix = model.index
     counts, signal, per_stage, stage_cap = _tally(dag, model, plan)
+    number = {sg: j for j, sg in enumerate(ix.pairs)}
+    count = np.zeros(len(ix.pairs), dtype=np.int64)
+    for sg, n in counts.items():
+        count[number[sg]] = n
+    load = np.zeros(dag.n_stages)
+    for st, x in per_stage.items():
+        load[st] = x
+    budget = model.opts.budget + 1e-9
     on = ix.mask(plan)
     d = ix.durations(on)
     span, _, _, path = timing.times(d)
@@ -1126,32 +1165,31 @@ def _fill(
     for _ in range(tries):
         if clock is not None and clock.passed():
             break
-        cands = []
-        for v in path:
-            for i in ix.at[v]:
-                if on[i]:
-                    continue
-                sg = ix.sg[i]
-                n = counts.get(sg, 0)
-                if n + 1 > model.kmax:
-                    continue
-                if per_stage.get(sg[0], 0.0) + model.stage_share[sg] > stage_cap:
-                    continue
-                d_sig = _marginal(model, sg, n + 1)
-                if signal + d_sig > model.opts.budget + 1e-9:
-                    continue
-                cands.append((-ix.cost[i] / max(d_sig, 1e-12), ix.rank[v], ix.group[i], i, d_sig))
+        # candidates: keys on the critical path not frozen yet, within group cap, stage cap and
+        # budget; most ms saved per signal spent first, ties by action name, group, path order
+        keys = ix.on_path(path)
+        keys = keys[~on[keys]]
+        j = ix.sg_id[keys]
+        n = count[j] + 1
+        keys, j, n = keys[n <= model.kmax], j[n <= model.kmax], n[n <= model.kmax]
+        fits = load[ix.pair_stage[j]] + ix.pair_share[j] <= stage_cap
+        keys, j, n = keys[fits], j[fits], n[fits]
+        d_sig = ix.marginal[j, n]
+        fits = signal + d_sig <= budget
+        keys, d_sig = keys[fits], d_sig[fits]
+        ratio = -ix.cost[keys] / np.maximum(d_sig, 1e-12)
+        best = np.lexsort((ix.group_a[keys], ix.rank_a[ix.act[keys]], ratio))[:4]
         improved = False
-        for *_, i, d_sig in sorted(cands, key=lambda c: c[:3])[:4]:
+        for i, ds in zip(keys[best].tolist(), d_sig[best].tolist(), strict=True):
             on[i] = True
             t_d = ix.retime(d, on, (i,))
             t_span, _, _, t_path = timing.times(t_d)
             if t_span < span - 1e-9:
-                sg = ix.sg[i]
+                k = int(ix.sg_id[i])
                 d, span, path, improved, grew = t_d, t_span, t_path, True, True
-                counts[sg] = counts.get(sg, 0) + 1
-                per_stage[sg[0]] = per_stage.get(sg[0], 0.0) + model.stage_share[sg]
-                signal += d_sig
+                count[k] += 1
+                load[ix.pair_stage[k]] += ix.pair_share[k]
+                signal += ds
                 break
             on[i] = False
         if not improved:
@@ -1214,40 +1252,43 @@ def _swap(
             if ranked_donors
         }
         donors = {sg: ranked_donors[r.start] for sg, r in spare.items()}
+        donor_of = np.full(len(ix.pairs), -1, dtype=np.int64)
+        firsts = np.array(list(donors.values()), dtype=np.int64)
+        donor_of[ix.sg_id[firsts]] = firsts
         by_freed = sorted(donors, key=lambda sg: (-_marginal(model, sg, counts[sg]), sg))
-        moves = []
-        for v in path:
-            for i in ix.at[v]:
-                if on[i]:
-                    continue
-                sg = ix.sg[i]
-                c = ix.cost[i]
-                if sg in donors:
-                    moves.append((-c, ix.rank[v], ix.group[i], i, donors[sg]))
-                    continue
-                if not cross:
-                    continue
-                n = counts.get(sg, 0)
-                if n + 1 > model.kmax:
-                    continue
-                cost_in = _marginal(model, sg, n + 1)
-                for dg in by_freed:
-                    freed = _marginal(model, dg, counts[dg])
-                    if signal + cost_in - freed > budget:
-                        break  # later donors free less
-                    load = per_stage.get(sg[0], 0.0) + share[sg]
-                    if dg[0] == sg[0]:
-                        load -= share[dg]
-                    if load <= stage_cap:
-                        moves.append((-c, ix.rank[v], ix.group[i], i, donors[dg]))
-                        break
+        # moves onto the critical path's keys not frozen yet: from the same group's donor, or
+        # (with `cross`) from the donor whose release frees the most signal, if budget and caps
+        # allow; at most one move per key, tried most ms saved first, ties by action name, group
+        keys = ix.on_path(path)
+        keys = keys[~on[keys]]
+        donor = donor_of[ix.sg_id[keys]]
+        move_in, move_out = keys[donor >= 0].tolist(), donor[donor >= 0].tolist()
+        for i in keys[donor < 0].tolist() if cross else ():
+            sg = ix.sg[i]
+            n = counts.get(sg, 0)
+            if n + 1 > model.kmax:
+                continue
+            cost_in = _marginal(model, sg, n + 1)
+            for dg in by_freed:
+                freed = _marginal(model, dg, counts[dg])
+                if signal + cost_in - freed > budget:
+                    break  # later donors free less
+                load = per_stage.get(sg[0], 0.0) + share[sg]
+                if dg[0] == sg[0]:
+                    load -= share[dg]
+                if load <= stage_cap:
+                    move_in.append(i)
+                    move_out.append(donors[dg])
+                    break
+        cand = np.array(move_in, dtype=np.int64)
+        order = np.lexsort((ix.group_a[cand], ix.rank_a[ix.act[cand]], -ix.cost[cand]))
+        ranked = list(zip(cand[order].tolist(), np.array(move_out)[order].tolist(), strict=True))
         improved = False
-        ranked = sorted(moves, key=lambda m: m[:3])
         # first, several same-group moves at once (distinct donors, each donor's slack checked by
         # the one re-timing): kept when the step gets shorter, else the moves one at a time
         batch: list[tuple[int, int]] = []
         used: set[int] = set()
-        for *_, i, donor in ranked:
+        for i, donor in ranked:
             sg = ix.sg[i]
             if ix.sg[donor] != sg:
                 continue
@@ -1267,7 +1308,7 @@ def _swap(
                 d, span, end, path, improved, moved = t_d, t_span, t_end, t_path, True, True
                 continue
             on[ins], on[outs] = False, True
-        for *_, i, donor in ranked[:4]:
+        for i, donor in ranked[:4]:
             on[i], on[donor] = True, False
             t_d = ix.retime(d, on, (i, donor))
             t_span, _, t_end, t_path = timing.times(t_d)
