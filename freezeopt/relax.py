@@ -193,17 +193,13 @@ class _Knapsack:
             loss0 += float(curve[0])
         self.key_act = np.array([timer.idx[a] for a, _ in self.keys], dtype=np.int64)
         self.key_c = np.array([dag.group_cost[a.stage][g] for a, g in self.keys], dtype=float)
-        self.key_group = np.zeros(len(self.keys), dtype=np.int64)
-        for i in range(ng):
-            row = self.mat[i]
-            self.key_group[row[row >= 0]] = i
         self.slope = slope.ravel()
         self.room = budget - loss0
         stages = sorted({s for s, _ in groups})
         sid = {s: i for i, s in enumerate(stages)}
         self.unit_stage = np.repeat(np.array([sid[s] for s, _ in groups], dtype=np.int64), kmax)
         self.unit_share = np.repeat(np.array([stage_share[sg] for sg in groups]), kmax)
-        self.capped = np.full(len(stages), stage_cap if math.isfinite(stage_cap) else np.inf)
+        self.capped = np.full(len(stages), stage_cap)
         self.uncapped = np.full(len(stages), np.inf)
 
     def solve(self, p: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -267,6 +263,9 @@ def relax(
     def hard(x: np.ndarray) -> float:
         return timer.times(np.maximum(durations(x), 0.0))[0]
 
+    def kept(x: np.ndarray) -> np.ndarray:  # what a plan holds: extents above 1e-9
+        return np.where(x > 1e-9, x, 0.0)
+
     x = np.zeros(len(ks.keys))
     t_free = hard(x)
     best_x, best_t, bound = x, t_free, -math.inf
@@ -311,13 +310,11 @@ def relax(
             fall = (tau_end / tau) ** (1.0 / max(1.0, TAU_FALLS_BY * expect))
         tau = max(tau * fall, tau_end)
         if it % HARD_EVERY == 0:
-            t = hard(x)
+            t = hard(c := kept(x))
             if t < best_t:
-                best_x, best_t = x.copy(), t
-    t = hard(x)
+                best_x, best_t = c, t
+    t = hard(c := kept(x))
     if t < best_t:
-        best_x, best_t = x, t
-    kept = np.flatnonzero(best_x > 1e-9)
-    best_x = np.where(best_x > 1e-9, best_x, 0.0)  # what the plan holds, timed as it is
-    plan = {ks.keys[i]: float(best_x[i]) for i in kept.tolist()}
-    return Relaxation(plan=plan, bound=bound, makespan=hard(best_x), iterations=it)
+        best_x, best_t = c, t
+    plan = {ks.keys[i]: float(best_x[i]) for i in np.flatnonzero(best_x).tolist()}
+    return Relaxation(plan=plan, bound=bound, makespan=best_t, iterations=it)

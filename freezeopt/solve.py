@@ -226,12 +226,13 @@ def solve(
         how = "the search from a rank-balanced start"
         bound_note = f"the rank-load bound ({lp1:.1f} ms; see freezeopt.balance)"
         relax_needs = RELAX_ITERATIONS * RELAX_SECONDS_PER_ACTION * len(dag.order)
-        proven = 1 - lp1 / model.makespan(start)  # the rank-balanced start's proven gap
+        t_start = model.makespan(start)
+        proven = 1 - lp1 / t_start  # the rank-balanced start's proven gap
         if proven > RELAX_ABOVE_GAP and _left(deadline) * RELAX_SHARE >= relax_needs:
             relaxed = model.relaxed(time.perf_counter() + RELAX_SHARE * _left(deadline))
             if relaxed is not None:
                 r, rounded = relaxed
-                t_start, t_rounded = model.makespan(start), model.makespan(rounded)
+                t_rounded = model.makespan(rounded)
                 if t_rounded < t_start - 1e-9:
                     start = rounded
                     how = "the search from the first-order relaxation's plan rounded"
