@@ -58,6 +58,9 @@ TAU_FALLS_BY = 0.3
 """`τ` reaches its end after this share of the iterations the time allows (first iteration's pace)."""
 HARD_EVERY = 10
 """Iterations between timing the fractional plan exactly (the best one is kept)."""
+NEGLIGIBLE = -40.0
+"""Soft-max terms `exp(z)` with `z` at or below this are skipped (`exp(−40) ≈ 4e-18`): added to
+a sum of at least 1 they change nothing, and a path that unlikely carries no weight back."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,7 +101,9 @@ def _passes() -> tuple[Any, Any, Any]:
                         m = r
                 s = 0.0
                 for j in range(ptr[v], ptr[v + 1]):
-                    s += math.exp((end[src[j]] + lag[j] - m) / tau)
+                    z = (end[src[j]] + lag[j] - m) / tau
+                    if z > NEGLIGIBLE:  # below it exp(z) is under half an ulp of s ≥ 1
+                        s += math.exp(z)
                 start[v] = m + tau * math.log(s)
             end[v] = start[v] + d[v]
         m = -1e300
@@ -123,29 +128,127 @@ def _passes() -> tuple[Any, Any, Any]:
                 continue
             for j in range(ptr[v], ptr[v + 1]):
                 u = src[j]
-                f = pv * math.exp((end[u] + lag[j] - start[v]) / tau)
-                p[u] += f
-                elag += f * lag[j]
+                z = (end[u] + lag[j] - start[v]) / tau
+                if z > NEGLIGIBLE:
+                    f = pv * math.exp(z)
+                    p[u] += f
+                    elag += f * lag[j]
         return p, elag
 
     @jit
-    def knapsack(ratio, slope, unit_stage, unit_share, order, room, stage_room):
-        # units in `order` (best ratio first); returns the amount of each unit taken
-        take = np.zeros(ratio.shape[0])
+    def _before(b, i, j):  # key column i ranks before j: larger benefit, then the earlier column
+        return b[i] > b[j] or (b[i] == b[j] and i < j)
+
+    @jit
+    def _sift(heap, lo, n, k, b):  # restore heap order below position k of heap[lo:lo + n]
+        while True:
+            c = 2 * k + 1
+            if c >= n:
+                return
+            if c + 1 < n and _before(b, heap[lo + c + 1], heap[lo + c]):
+                c += 1
+            if not _before(b, heap[lo + c], heap[lo + k]):
+                return
+            heap[lo + k], heap[lo + c] = heap[lo + c], heap[lo + k]
+            k = c
+
+    @jit
+    def _up(heap, k, r, u):  # the groups' heap: larger ratio first, then the smaller unit
+        while k > 0:
+            q = (k - 1) // 2
+            if r[heap[q]] > r[heap[k]] or (r[heap[q]] == r[heap[k]] and u[heap[q]] < u[heap[k]]):
+                return
+            heap[k], heap[q] = heap[q], heap[k]
+            k = q
+
+    @jit
+    def _down(heap, n, r, u):
+        k = 0
+        while True:
+            c = 2 * k + 1
+            if c >= n:
+                return
+            if c + 1 < n and (
+                r[heap[c + 1]] > r[heap[c]]
+                or (r[heap[c + 1]] == r[heap[c]] and u[heap[c + 1]] < u[heap[c]])
+            ):
+                c += 1
+            if r[heap[k]] > r[heap[c]] or (r[heap[k]] == r[heap[c]] and u[heap[k]] < u[heap[c]]):
+                return
+            heap[k], heap[c] = heap[c], heap[k]
+            k = c
+
+    @jit
+    def knapsack(benefit, mat, size, slope, group_stage, group_share, room, stage_room):
+        # The greedy of the module docstring without sorting every key: per group a heap of its
+        # keys (largest benefit first, then the earlier column), and across groups a heap by the
+        # ratio of each group's next unit (its best key left over the next segment's slope).
+        # Slopes never fall along a group's curve (convex) and its keys leave best first, so units
+        # leave in the order a stable sort by ratio gives them. Returns each key's amount taken
+        # and the value `Σ benefit·amount`.
+        ng, width = mat.shape
+        kmax = slope.shape[1]
+        x = np.zeros(benefit.shape[0])
         load = np.zeros(stage_room.shape[0])
-        for u in order:
-            if ratio[u] <= 0.0 or room <= 0.0:
-                break
-            s = unit_stage[u]
-            if load[s] + unit_share[u] > stage_room[s]:
+        flat = np.full(ng * width, -1.0)  # per group and column: the key's benefit
+        keys = np.empty(ng * width, dtype=np.int64)  # per group: its columns, in heap order
+        left = size.copy()
+        for g in range(ng):
+            lo = g * width
+            for i in range(size[g]):
+                flat[lo + i] = benefit[mat[g, i]]
+                keys[lo + i] = i
+            for k in range(size[g] // 2 - 1, -1, -1):
+                _sift(keys, lo, size[g], k, flat[lo : lo + width])
+        nxt = np.zeros(ng, dtype=np.int64)  # the segment each group's next unit would use
+        ratio = np.empty(ng)
+        unit = np.empty(ng, dtype=np.int64)
+        heap = np.empty(ng, dtype=np.int64)
+        n_heap = 0
+        for g in range(ng):
+            if left[g] == 0 or kmax == 0:
                 continue
-            amount = 1.0
-            if slope[u] > 0.0:
-                amount = min(1.0, room / slope[u])
-                room -= amount * slope[u]
-            take[u] = amount
-            load[s] += amount * unit_share[u]
-        return take
+            top = flat[g * width + keys[g * width]]
+            sl = slope[g, 0]
+            ratio[g] = -1.0 if top <= 0.0 else (top / sl if sl > 0.0 else np.inf)
+            unit[g] = g * kmax
+            heap[n_heap] = g
+            _up(heap, n_heap, ratio, unit)
+            n_heap += 1
+        value = 0.0
+        while n_heap > 0:
+            g = heap[0]
+            if ratio[g] <= 0.0 or room <= 0.0:
+                break
+            s = group_stage[g]
+            more = False
+            if load[s] + group_share[g] <= stage_room[s]:  # else no later unit of g fits either
+                lo = g * width
+                j = nxt[g]
+                amount = 1.0
+                if slope[g, j] > 0.0:
+                    amount = min(1.0, room / slope[g, j])
+                    room -= amount * slope[g, j]
+                col = keys[lo]
+                x[mat[g, col]] = amount
+                value += flat[lo + col] * amount
+                load[s] += amount * group_share[g]
+                n = left[g] - 1
+                left[g] = n
+                keys[lo] = keys[lo + n]
+                _sift(keys, lo, n, 0, flat[lo : lo + width])
+                nxt[g] = j + 1
+                if n > 0 and j + 1 < kmax:
+                    top = flat[lo + keys[lo]]
+                    sl = slope[g, j + 1]
+                    ratio[g] = -1.0 if top <= 0.0 else (top / sl if sl > 0.0 else np.inf)
+                    unit[g] = g * kmax + j + 1
+                    more = True
+            if not more:
+                n_heap -= 1
+                heap[0] = heap[n_heap]
+            _down(heap, n_heap, ratio, unit)
+        return x, value
 
     return soft_forward, soft_backward, knapsack
 
@@ -159,7 +262,8 @@ def load_relax_passes() -> None:
     span, start, end = fwd(d, ptr, none, lag, sinks, 1.0)
     bwd(start, end, span, ptr, none, lag, sinks, 1.0)
     one = np.ones(1)
-    knap(one, one, sinks, one, sinks, 1.0, one)
+    mat, size = np.zeros((1, 1), dtype=np.int64), np.ones(1, dtype=np.int64)
+    knap(one, mat, size, np.ones((1, 1)), sinks, one, 1.0, one)
 
 
 class _Knapsack:
@@ -193,12 +297,13 @@ class _Knapsack:
             loss0 += float(curve[0])
         self.key_act = np.array([timer.idx[a] for a, _ in self.keys], dtype=np.int64)
         self.key_c = np.array([dag.group_cost[a.stage][g] for a, g in self.keys], dtype=float)
-        self.slope = slope.ravel()
+        self.size = np.array([len(by_group[sg]) for sg in groups], dtype=np.int64)
+        self.slope = slope
         self.room = budget - loss0
         stages = sorted({s for s, _ in groups})
         sid = {s: i for i, s in enumerate(stages)}
-        self.unit_stage = np.repeat(np.array([sid[s] for s, _ in groups], dtype=np.int64), kmax)
-        self.unit_share = np.repeat(np.array([stage_share[sg] for sg in groups]), kmax)
+        self.group_stage = np.array([sid[s] for s, _ in groups], dtype=np.int64)
+        self.group_share = np.array([stage_share[sg] for sg in groups], dtype=float)
         self.capped = np.full(len(stages), stage_cap)
         self.uncapped = np.full(len(stages), np.inf)
 
@@ -206,30 +311,12 @@ class _Knapsack:
         """For action weights `p`: the best plan within budget and caps, its value, and the best
         value without stage caps (at least as large: what the bound needs)."""
         _, _, knapsack = _passes()
-        n_keys, kmax = len(self.keys), self.kmax
-        benefit = np.append(p[self.key_act] * self.key_c, -1.0)  # the pad's benefit: −1
-        b = benefit[self.mat]  # −1 at pads (index −1 is the appended entry)
-        order = np.argsort(-b, axis=1, kind="stable")[:, :kmax]
-        top = np.take_along_axis(b, order, axis=1).ravel()
-        which = np.take_along_axis(self.mat, order, axis=1).ravel()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(self.slope > 0, top / self.slope, np.inf)
-        ratio[top <= 0] = -1.0
-        units = np.argsort(-ratio, kind="stable")
-        take = knapsack(
-            ratio, self.slope, self.unit_stage, self.unit_share, units, self.room, self.capped
-        )
-        x = np.zeros(n_keys)
-        on = take > 0
-        x[which[on]] = take[on]
-        value = float(top[on] @ take[on])
+        benefit = p[self.key_act] * self.key_c
+        args = (benefit, self.mat, self.size, self.slope, self.group_stage, self.group_share)
+        x, value = knapsack(*args, self.room, self.capped)
+        value_free = value
         if np.isfinite(self.capped).any():
-            free = knapsack(
-                ratio, self.slope, self.unit_stage, self.unit_share, units, self.room, self.uncapped
-            )
-            value_free = float(top[free > 0] @ free[free > 0])
-        else:
-            value_free = value
+            value_free = knapsack(*args, self.room, self.uncapped)[1]
         return x, value, value_free
 
 

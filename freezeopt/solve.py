@@ -806,16 +806,14 @@ class _Index:
     """Per key: (stage, group)."""
     sg_id: np.ndarray
     """Per key: its (stage, group) as one number, ordered as the pairs are."""
-    group: tuple[int, ...]
-    at: tuple[tuple[int, ...], ...]
-    """Per action position: its keys, in group order."""
-    rank: tuple[int, ...]
+    rank_a: np.ndarray
     """Per action position: where its name (`0B3`) sorts among all names; the search breaks ties
     by name, as it always has."""
-    rank_a: np.ndarray
-    """`rank` as an array."""
-    pos: Mapping[Key, int]
-    """Key → index."""
+    offset: np.ndarray
+    """Per stage and group: the group's place among its stage's keys of one action (−1: not
+    freezable), so a key's index is `at_ptr[position of its action] + offset[stage, group]`."""
+    idx: Mapping[Action, int]
+    """Action → position (the timer's)."""
     base: np.ndarray
     """Per action position: its duration with nothing frozen (the timer's)."""
     at_ptr: np.ndarray
@@ -833,38 +831,50 @@ class _Index:
 
     @staticmethod
     def of(model: _Model) -> _Index:
+        # Arrays rather than per-key Python containers: at 64×256 this took 0.3 s, mostly the
+        # garbage collector walking the DAG's objects while tens of thousands of lists were made.
         keys = model.keys
         timing = model.timer
         idx = timing.idx
-        pairs = sorted({(a.stage, g) for a, g in keys})
-        number = {sg: i for i, sg in enumerate(pairs)}
-        act = [idx[a] for a, _ in keys]
-        at: list[list[int]] = [[] for _ in timing.order]
-        for i, v in enumerate(act):
-            at[v].append(i)
-        names = sorted(range(len(timing.order)), key=lambda v: str(timing.order[v]))
-        rank = [0] * len(names)
-        for r, v in enumerate(names):
-            rank[v] = r
-        sizes = np.array([len(x) for x in at], dtype=np.int64)
+        n_keys = len(keys)
+        pairs = sorted(model.by_group)
+        gcost = model.dag.group_cost
+        width = max((len(row) for row in gcost), default=0)
+        offset = np.full((len(gcost), width), -1, dtype=np.int64)
+        number = np.full((len(gcost), width), -1, dtype=np.int64)
+        for j, (s, g) in enumerate(pairs):
+            number[s, g] = j
+        for s, row in enumerate(gcost):
+            live = [g for g, c in enumerate(row) if c > 0]
+            offset[s, live] = np.arange(len(live))
+        act = np.fromiter((idx[a] for a, _ in keys), dtype=np.int64, count=n_keys)
+        stage_a = np.fromiter((a.stage for a, _ in keys), dtype=np.int64, count=n_keys)
+        group_a = np.fromiter((g for _, g in keys), dtype=np.int64, count=n_keys)
+        if n_keys and not np.all(np.diff(act) >= 0):
+            raise ValueError("keys must be grouped by action in DAG order")
+        n = len(timing.order)
+        names = np.array([str(a) for a in timing.order])
+        rank_a = np.empty(n, dtype=np.int64)
+        rank_a[np.argsort(names, kind="stable")] = np.arange(n, dtype=np.int64)
         marginal = np.zeros((len(pairs), model.kmax + 1))
         for j, sg in enumerate(pairs):
             curve = np.asarray(model.loss[sg][: model.kmax + 1], dtype=float)
             marginal[j, 1 : len(curve)] = np.diff(curve)
+        at_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(act, minlength=n), out=at_ptr[1:])
+        key_sg = tuple(zip(stage_a.tolist(), group_a.tolist(), strict=True))
         return _Index(
-            act=np.array(act, dtype=np.int64),
-            cost=np.array([model.dag.group_cost[a.stage][g] for a, g in keys], dtype=float),
-            sg=tuple((a.stage, g) for a, g in keys),
-            sg_id=np.array([number[(a.stage, g)] for a, g in keys], dtype=np.int64),
-            group=tuple(g for _, g in keys),
-            at=tuple(tuple(x) for x in at),
-            rank=tuple(rank),
-            rank_a=np.array(rank, dtype=np.int64),
-            pos={k: i for i, k in enumerate(keys)},
+            act=act,
+            cost=np.array([gcost[st][g] for st, g in key_sg], dtype=float),
+            sg=key_sg,
+            sg_id=number[stage_a, group_a],
+            rank_a=rank_a,
+            offset=offset,
+            idx=idx,
             base=timing.base,
-            at_ptr=np.concatenate(([0], np.cumsum(sizes))).astype(np.int64),
-            at_keys=np.array([i for x in at for i in x], dtype=np.int64),
-            group_a=np.array([g for _, g in keys], dtype=np.int64),
+            at_ptr=at_ptr,
+            at_keys=np.arange(n_keys, dtype=np.int64),
+            group_a=group_a,
             pairs=tuple(pairs),
             pair_stage=np.array([s for s, _ in pairs], dtype=np.int64),
             pair_share=np.array([model.stage_share[sg] for sg in pairs], dtype=float),
@@ -880,8 +890,18 @@ class _Index:
 
     def mask(self, plan: Mapping[Key, float]) -> np.ndarray:
         on = np.zeros(len(self.sg), dtype=bool)
-        on[[self.pos[k] for k in plan]] = True
+        on[[self.position(k) for k in plan]] = True
         return on
+
+    def position(self, key: Key) -> int:
+        """A key's index (KeyError for a key the model does not have)."""
+        a, g = key
+        off = int(self.offset[a.stage, g]) if 0 <= g < self.offset.shape[1] else -1
+        v = self.idx[a]
+        i = int(self.at_ptr[v]) + off
+        if off < 0 or i >= self.at_ptr[v + 1]:
+            raise KeyError(key)
+        return i
 
     def durations(self, on: np.ndarray) -> np.ndarray:
         """Each action's duration with the keys of `on` frozen."""
@@ -894,7 +914,7 @@ class _Index:
         out = d.copy()
         for v in {int(self.act[i]) for i in keys}:
             x = float(self.base[v])
-            for j in self.at[v]:
+            for j in range(int(self.at_ptr[v]), int(self.at_ptr[v + 1])):
                 if on[j]:
                     x -= float(self.cost[j])
             out[v] = x
@@ -1006,7 +1026,7 @@ def _dive(model: _Model, clock: _Deadline, lp: FastLP | None = None) -> dict[Key
     stage_of = np.array([s for s, _ in pairs])
     stage_cap = _stage_cap(dag, model)
     rows = np.arange(len(pairs))
-    group = np.asarray(ix.group)
+    group = ix.group_a
     began, rounds = time.perf_counter(), 0
     while not clock.passed():
         x = ans.values
