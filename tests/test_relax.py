@@ -164,3 +164,62 @@ def test_the_linear_step_is_the_exact_knapsack(seed: int, stage_cap: float | Non
         assert value == pytest.approx(value_free)
     else:  # greedy within stage caps: feasible, not always the capped optimum, never above it
         assert value <= lp(capped=True) + 1e-7 <= value_free + 2e-7
+
+
+def _sorted_greedy(ks: _Knapsack, p: np.ndarray, stage_room: np.ndarray) -> np.ndarray:
+    """The linear step as the module docstring words it, by sorting: each group's keys by
+    benefit (stable: step order breaks ties), every unit by time saved per signal (stable: group,
+    then segment), then greedily within budget and stage caps."""
+    b = np.append(p[ks.key_act] * ks.key_c, -1.0)[ks.mat]  # pads: −1
+    order = np.argsort(-b, axis=1, kind="stable")[:, : ks.kmax]
+    top = np.take_along_axis(b, order, axis=1).ravel()
+    which = np.take_along_axis(ks.mat, order, axis=1).ravel()
+    slope = ks.slope.ravel()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(slope > 0, top / slope, np.inf)
+    ratio[top <= 0] = -1.0
+    group = np.repeat(np.arange(len(ks.size)), ks.kmax)
+    x, room, load = np.zeros(len(ks.keys)), ks.room, np.zeros(len(stage_room))
+    for u in np.argsort(-ratio, kind="stable"):
+        if ratio[u] <= 0 or room <= 0:
+            break
+        s, share = ks.group_stage[group[u]], ks.group_share[group[u]]
+        if load[s] + share > stage_room[s]:
+            continue
+        amount = min(1.0, room / slope[u]) if slope[u] > 0 else 1.0
+        room -= amount * slope[u] if slope[u] > 0 else 0.0
+        x[which[u]] = amount
+        load[s] += amount * share
+    return x
+
+
+@pytest.mark.parametrize(("schedule", "stage_cap"), [("1F1B", None), ("ZBVZeroBubble", 0.3)])
+def test_the_linear_step_takes_units_in_sorted_order(
+    schedule: str, stage_cap: float | None
+) -> None:
+    """The heap merge gives exactly the plan of sorting every key and unit, ties included (equal
+    weights go to the earlier microbatches)."""
+    m = _model(schedule, 4, 16, 3, 0, budget=0.2, stage_cap=stage_cap)
+    ks = _Knapsack(
+        m.dag,
+        m.timer,
+        m.by_group,
+        m.loss,
+        m.kmax,
+        m.opts.budget,
+        m.stage_share,
+        _stage_cap(m.dag, m),
+    )
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        p = rng.random(len(m.timer.order))
+        if trial % 2:
+            p = np.round(p * 3) / 3  # many ties
+        if trial % 3 == 0:
+            p[rng.random(len(p)) < 0.5] = 0.0
+        x, _, _ = ks.solve(p)
+        np.testing.assert_array_equal(x, _sorted_greedy(ks, p, ks.capped))
+    x, _, _ = ks.solve(np.ones(len(m.timer.order)))  # all tied: each group's first microbatches
+    for sg, keys in m.by_group.items():
+        taken = sorted(k[0].microbatch for k in keys if x[ks.keys.index(k)] > 0)
+        assert taken == list(range(len(taken))), sg
