@@ -59,8 +59,9 @@ TAU_FALLS_BY = 0.3
 HARD_EVERY = 10
 """Iterations between timing the fractional plan exactly (the best one is kept)."""
 NEGLIGIBLE = -40.0
-"""Soft-max terms `exp(z)` with `z` at or below this are skipped (`exp(−40) ≈ 4e-18`): added to
-a sum of at least 1 they change nothing, and a path that unlikely carries no weight back."""
+"""Soft-max terms `exp(z)` with `z` at or below this are skipped (`exp(−40) ≈ 4e-18`). Forward,
+they are added to a sum of at least 1 and change nothing; backward, a predecessor that far below
+an action's soft start gets no share of its weight instead of under 4e-18 of it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
