@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -250,20 +250,31 @@ class Profile:
 _ADAPTER: TypeAdapter[Profile] = TypeAdapter(Profile)
 
 
-def _round(x: Any, digits: int = 6) -> Any:
-    """Round floats to `digits` significant digits so files diff cleanly."""
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(x: Any, digits: int = 6) -> Any:
+    """Dataclasses as dicts, tuples as lists, floats rounded to `digits` significant digits (so
+    files diff cleanly): what `dataclasses.asdict` and rounding give, in one pass without
+    `asdict`'s deep copies (hashing a 64×256 profile took 1.6 s, a third of it those copies)."""
     if isinstance(x, float):
         return 0.0 if x == 0 else float(f"{x:.{digits}g}")
-    if isinstance(x, dict):
-        return {k: _round(v, digits) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_round(v, digits) for v in x]
+        return [_plain(v, digits) for v in x]
+    if isinstance(x, dict):
+        return {k: _plain(v, digits) for k, v in x.items()}
+    kind = type(x)
+    names = _FIELDS.get(kind)
+    if names is None and is_dataclass(kind):
+        names = _FIELDS[kind] = tuple(f.name for f in fields(kind))
+    if names is not None:
+        return {n: _plain(getattr(x, n), digits) for n in names}
     return x
 
 
 def dump_profile(profile: Profile) -> str:
     """Serialise a profile to deterministic JSON text (same profile → same bytes)."""
-    data = _round(asdict(profile))
+    data = _plain(profile)
     return json.dumps(data, indent=1, ensure_ascii=True, allow_nan=False) + "\n"
 
 

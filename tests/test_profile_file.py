@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -32,6 +33,29 @@ def test_round_trip_is_byte_identical(tmp_path: Path) -> None:
     assert dump_profile(
         make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4)
     ) == dump_profile(p)
+
+
+def test_the_committed_profile_is_written_back_byte_for_byte() -> None:
+    """`dump_profile` (one pass over the dataclasses) keeps the bytes of the committed profile,
+    which holds every kind of field (nested extras, a timeline, gradient traces), so hashes in
+    committed schedules stay valid."""
+    path = Path(__file__).parent.parent / "profiles" / "tiny-gpt-1f1b.json"
+    p = load_profile(path)
+    assert p.extra and p.timeline and p.gradients
+    assert dump_profile(p) == path.read_text()
+
+    def rounded(x):  # the rule: 6 significant digits, tuples as lists
+        if isinstance(x, float):
+            return 0.0 if x == 0 else float(f"{x:.6g}")
+        if isinstance(x, dict):
+            return {k: rounded(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [rounded(v) for v in x]
+        return x
+
+    fresh = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4)  # floats unrounded
+    want = json.dumps(rounded(dataclasses.asdict(fresh)), indent=1, ensure_ascii=True) + "\n"
+    assert dump_profile(fresh) == want
 
 
 def _write(tmp_path: Path, data) -> Path:
