@@ -123,6 +123,29 @@ def test_replans_of_one_run_share_a_warm_lp(tmp_path: Path) -> None:
     assert cache.solves == 3 and cache.warm_solves == 2
 
 
+def test_a_runs_replans_build_the_profiles_dag_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`profile_dag` builds the DAG of a profile once and hands the same one back; another
+    profile object gets its own."""
+    import freezeopt.replan as rp
+
+    built: list[object] = []
+
+    def counting(profile: Any) -> Any:
+        built.append(profile)
+        return build_dag(profile)
+
+    monkeypatch.setattr(rp, "build_dag", counting)
+    a = synth_profile(SynthOptions(schedule="1F1B", ranks=2, microbatches=4, groups=2))
+    b = synth_profile(SynthOptions(schedule="1F1B", ranks=2, microbatches=4, groups=2))
+    first = rp.profile_dag(a)
+    assert rp.profile_dag(a) is first and len(built) == 1
+    other = rp.profile_dag(b)
+    assert other is not first and built == [a, b]
+    assert other.order == first.order and other.cost == first.cost
+    assert rp.measured_dag(first, {"0F0": 99.0}).cost[first.order[0]] == 99.0
+    assert first.cost[first.order[0]] != 99.0  # the shared DAG is copied, never changed
+
+
 # --- real runs ----------------------------------------------------------------------------------------
 
 
