@@ -117,3 +117,21 @@ def test_csv_with_deadlock(tmp_path: Path) -> None:
     csv.write_text("0F0,0B0\n1B0,1F0\n")
     with pytest.raises(InputError, match="deadlocks"):
         build_dag(synth_profile(SynthOptions(schedule=str(csv))))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "ranks", "mbs"),
+    [("1F1B", 4, 8), ("Interleaved1F1B", 2, 4), ("ZBVZeroBubble", 4, 8), ("DualPipeV", 2, 4)],
+)
+def test_order_is_networkx_lexicographic_topological_sort(
+    schedule: str, ranks: int, mbs: int
+) -> None:
+    """The DAG's own Kahn order is networkx's lexicographic one with the (microbatch, stage,
+    kind) key, and every edge runs forward in it."""
+    dag = build_dag(synth_profile(SynthOptions(schedule=schedule, ranks=ranks, microbatches=mbs)))
+    want = nx.lexicographical_topological_sort(
+        dag.graph, key=lambda a: (a.microbatch, a.stage, a.kind)
+    )
+    assert dag.order == tuple(want)
+    pos = {a: i for i, a in enumerate(dag.order)}
+    assert all(pos[u] < pos[v] for u, v in dag.graph.edges)
