@@ -103,15 +103,22 @@ RELAX_ABOVE_GAP = 0.03
 rank-load bound: where that start is already close (ZBV: 2.2–2.3 % at 32×128 and 64×256, with a
 bound 0.16 % under the LP's), the search's time is worth more (measured at ZBV 32×128 with a 2 s
 limit: 0.41 % from the LP bound with the relaxation, 0.12 % without)."""
-RELAX_SHARE = 0.5
+RELAX_SHARE = 0.6
 """Share of the time left that the first-order relaxation (`freezeopt.relax`) gets when the
-answer comes without the LP; the search has the rest."""
-RELAX_ITERATIONS = 150
+answer comes without the LP, rounding its plan included; the search has the rest. Measured
+in-process at 64×256 against 0.5 (and 150 iterations needed): Interleaved1F1B with 2 s 6.26 →
+3.97 % from the LP bound, with 10 s 1.58 → 1.30 %; 1F1B with 10 s 3.68 → 3.54 %, but with 2 s
+9.08 → 9.22 % (75 iterations, whose rounded plan lost to the rank-balanced start); 32×128 with
+2 s within 0.06 points."""
+ROUND_SECONDS_PER_KEY = 4e-6
+"""Rounding the relaxation's plan (`_round_spread`) comes out of its share: 3.4 µs per key
+measured at 64×256 (0.22 s for 65 k keys), where it made the 2 s solve overrun by 0.13 s."""
+RELAX_ITERATIONS = 40
 RELAX_SECONDS_PER_ACTION = 4e-7
 """The relaxation runs only when its share of the time fits `RELAX_ITERATIONS` iterations at
-`RELAX_SECONDS_PER_ACTION` per action each (measured 0.21–0.32 µs per action with 4 groups from
-8×64 to 64×256, 0.42 µs at 16×64 with 8 groups); fewer would spend the search's time on a worse
-start and a looser bound. A count of actions, not a clock, so the choice does not move with the
+`RELAX_SECONDS_PER_ACTION` per action each (measured 0.21–0.29 µs per action with 4 groups from
+32×128 to 64×256, 0.47 µs at 32×128 with 8 groups); fewer would spend the search's time on a
+worse start and a looser bound. A count of actions, not a clock, so the choice does not move with the
 machine's load (the simulator's build time, tried first, varied 0.19–0.62 s at 64×256)."""
 
 
@@ -226,10 +233,12 @@ def solve(
         how = "the search from a rank-balanced start"
         bound_note = f"the rank-load bound ({lp1:.1f} ms; see freezeopt.balance)"
         relax_needs = RELAX_ITERATIONS * RELAX_SECONDS_PER_ACTION * len(dag.order)
+        rounding = ROUND_SECONDS_PER_KEY * len(model.keys)
         t_start = model.makespan(start)
         proven = 1 - lp1 / t_start  # the rank-balanced start's proven gap
-        if proven > RELAX_ABOVE_GAP and _left(deadline) * RELAX_SHARE >= relax_needs:
-            relaxed = model.relaxed(time.perf_counter() + RELAX_SHARE * _left(deadline))
+        relax_left = _left(deadline) * RELAX_SHARE - rounding
+        if proven > RELAX_ABOVE_GAP and relax_left >= relax_needs:
+            relaxed = model.relaxed(time.perf_counter() + relax_left)
             if relaxed is not None:
                 r, rounded = relaxed
                 t_rounded = model.makespan(rounded)
@@ -1103,18 +1112,16 @@ def _round_spread(model: _Model, x: Mapping[Key, float]) -> dict[Key, float]:
     returns the plan the simulator times fastest."""
     best = _round_down(model, x)
     best_t = model.makespan(best)
-    ordered = {
-        sg: sorted(keys, key=lambda k: (k[0].microbatch, k[0].kind))
-        for sg, keys in sorted(model.by_group.items())
-    }
+    groups = []  # per group: its keys in step order, their extents, the count, the top `n`
+    for _sg, keys in sorted(model.by_group.items()):
+        keys = sorted(keys, key=lambda k: (k[0].microbatch, k[0].kind))
+        v = np.fromiter((x.get(k, 0.0) for k in keys), dtype=float, count=len(keys))
+        n = min(math.floor(float(v.sum()) + 1e-6), model.kmax)
+        if n > 0:
+            groups.append((keys, v, n, np.lexsort((np.arange(len(v)), -v))[:n]))
     for sure in ROUND_SURE:
         plan: dict[Key, float] = {}
-        for keys in ordered.values():
-            v = np.array([x.get(k, 0.0) for k in keys])
-            n = min(math.floor(float(v.sum()) + 1e-6), model.kmax)
-            if n <= 0:
-                continue
-            top = np.lexsort((np.arange(len(v)), -v))[:n]
+        for keys, v, n, top in groups:
             kept = top[v[top] >= sure]
             rest = v.copy()
             rest[kept] = 0.0
