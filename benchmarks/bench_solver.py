@@ -107,6 +107,12 @@ TARGET_MILP: dict[str, Any] = {"size": (16, 64), "groups": 8, "gap": 0.005, "sec
 # ----------------------------------------------------------------------------------------------
 
 
+def _relax_share() -> float:
+    from freezeopt.solve import RELAX_SHARE
+
+    return RELAX_SHARE
+
+
 def _dense_shape(dag: Any) -> tuple[int, int]:
     """Rows and columns of the dense matrix `solve_timelyfreeze_lp` builds, without building it."""
     n = len(dag.order)
@@ -897,9 +903,10 @@ def render(
             "rank-balanced start (`freezeopt.balance`), status `heuristic_fallback`. LP bound = "
             "the bound the solve reports (the rank-load bound, then); gap = (plan − the arrays "
             "row's LP bound) / plan, and in brackets against the solve's own bound. Without the "
-            "LP and with time for it, the first-order relaxation (`freezeopt.relax`) runs for half "
-            "the time left: its bound replaces the rank-load bound where higher, and its rounded "
-            "plan the rank-balanced start where faster.",
+            "LP and with time for it, the first-order relaxation (`freezeopt.relax`) runs for "
+            f"{_relax_share():.0%} of the time left, rounding its plan included: its bound "
+            "replaces the rank-load bound where higher, and its rounded plan the rank-balanced "
+            "start where faster.",
             *(
                 [
                     f"- **heuristic, {HEUR_10S:g} s limit** — the same with "
