@@ -45,6 +45,19 @@ def _relax(m: _Model, iterations: int = 100_000, deadline: float = math.inf) -> 
     )
 
 
+def _knapsack(m: _Model) -> _Knapsack:
+    return _Knapsack(
+        m.dag,
+        m.timer,
+        m.by_group,
+        m.loss,
+        m.kmax,
+        m.opts.budget,
+        m.stage_share,
+        _stage_cap(m.dag, m),
+    )
+
+
 def _lp(m: _Model) -> float:
     lp = FastLP(
         m.dag,
@@ -113,16 +126,7 @@ def test_the_linear_step_is_the_exact_knapsack(seed: int, stage_cap: float | Non
     the convex loss by its linear pieces, budget, group and stage caps); without stage caps its
     second value is that LP's with the caps left out."""
     m = _model("ZBVZeroBubble", 2, 8, 3, seed, budget=0.15, stage_cap=stage_cap)
-    ks = _Knapsack(
-        m.dag,
-        m.timer,
-        m.by_group,
-        m.loss,
-        m.kmax,
-        m.opts.budget,
-        m.stage_share,
-        _stage_cap(m.dag, m),
-    )
+    ks = _knapsack(m)
     rng = np.random.default_rng(seed)
     p = rng.random(len(m.timer.order))
     p[rng.random(len(p)) < 0.3] = 0.0  # off every path: freezing there saves nothing
@@ -200,16 +204,7 @@ def test_the_linear_step_takes_units_in_sorted_order(
     """The heap merge gives exactly the plan of sorting every key and unit, ties included (equal
     weights go to the earlier microbatches)."""
     m = _model(schedule, 4, 16, 3, 0, budget=0.2, stage_cap=stage_cap)
-    ks = _Knapsack(
-        m.dag,
-        m.timer,
-        m.by_group,
-        m.loss,
-        m.kmax,
-        m.opts.budget,
-        m.stage_share,
-        _stage_cap(m.dag, m),
-    )
+    ks = _knapsack(m)
     rng = np.random.default_rng(0)
     for trial in range(60):
         p = rng.random(len(m.timer.order))
