@@ -826,8 +826,8 @@ class _Index:
     base: np.ndarray
     """Per action position: its duration with nothing frozen (the timer's)."""
     at_ptr: np.ndarray
-    at_keys: np.ndarray
-    """`at` as one array: action position v's keys are `at_keys[at_ptr[v]:at_ptr[v + 1]]`."""
+    """Action position v's keys are `at_ptr[v]` up to `at_ptr[v + 1]` (keys come grouped by action,
+    in DAG order)."""
     group_a: np.ndarray
     """Per key: its group, as an array."""
     pairs: tuple[tuple[int, int], ...]
@@ -882,7 +882,6 @@ class _Index:
             idx=idx,
             base=timing.base,
             at_ptr=at_ptr,
-            at_keys=np.arange(n_keys, dtype=np.int64),
             group_a=group_a,
             pairs=tuple(pairs),
             pair_stage=np.array([s for s, _ in pairs], dtype=np.int64),
@@ -895,7 +894,7 @@ class _Index:
         p = np.asarray(path, dtype=np.int64)
         lo, n = self.at_ptr[p], self.at_ptr[p + 1] - self.at_ptr[p]
         first = np.repeat(lo - np.concatenate(([0], np.cumsum(n)[:-1])), n)
-        return self.at_keys[first + np.arange(int(n.sum()), dtype=np.int64)]
+        return first + np.arange(int(n.sum()), dtype=np.int64)
 
     def mask(self, plan: Mapping[Key, float]) -> np.ndarray:
         on = np.zeros(len(self.sg), dtype=bool)
