@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from freezeopt.errors import InputError
@@ -35,6 +36,22 @@ def test_round_trip_is_byte_identical(tmp_path: Path) -> None:
     ) == dump_profile(p)
 
 
+def _rounded(x):  # the rule: 6 significant digits, tuples as lists
+    if isinstance(x, float):
+        return 0.0 if x == 0 else float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_rounded(v) for v in x]
+    return x
+
+
+def _as_json_writes(p) -> str:
+    """What `json` writes for a profile: its fields rounded, indent 1, ASCII."""
+    plain = _rounded(dataclasses.asdict(p))
+    return json.dumps(plain, indent=1, ensure_ascii=True, allow_nan=False) + "\n"
+
+
 def test_the_committed_profile_is_written_back_byte_for_byte() -> None:
     """`dump_profile` (one pass over the dataclasses) keeps the bytes of the committed profile,
     which holds every kind of field (nested extras, a timeline, gradient traces), so hashes in
@@ -43,19 +60,30 @@ def test_the_committed_profile_is_written_back_byte_for_byte() -> None:
     p = load_profile(path)
     assert p.extra and p.timeline and p.gradients
     assert dump_profile(p) == path.read_text()
-
-    def rounded(x):  # the rule: 6 significant digits, tuples as lists
-        if isinstance(x, float):
-            return 0.0 if x == 0 else float(f"{x:.6g}")
-        if isinstance(x, dict):
-            return {k: rounded(v) for k, v in x.items()}
-        if isinstance(x, list | tuple):
-            return [rounded(v) for v in x]
-        return x
-
     fresh = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4)  # floats unrounded
-    want = json.dumps(rounded(dataclasses.asdict(fresh)), indent=1, ensure_ascii=True) + "\n"
-    assert dump_profile(fresh) == want
+    assert dump_profile(fresh) == _as_json_writes(fresh)
+
+
+def test_dump_profile_writes_odd_extras_as_json_does() -> None:
+    """The one-pass writer against `json` on every kind of value extras can hold; a dict with
+    keys that are not strings goes to `json` itself, and so does the error for NaN."""
+    odd = {
+        "": {"": [], "nested": {"deeper": [[], {}, [[1.0]]]}},
+        "text": 'quote " back \\ new\nline tab\t é ü 雪 \u2028',
+        "flags": [True, False, None],
+        "ints": [0, -1, 2**70, True],
+        "floats": [0.0, -0.0, 1e-300, 1e300, -123456789.123, 3.14159265, 2.5e-05, 1e16, 5e-324],
+        "tuple": (1, 2.000001, "x"),
+        "np": np.float64(0.1234567891),
+        "empty": {},
+    }
+    p = dataclasses.replace(make_profile(), extra=odd)
+    assert dump_profile(p) == _as_json_writes(p)
+    int_keys = dataclasses.replace(make_profile(), extra={"m": {1: 2.0, 3: [4.0]}})
+    assert dump_profile(int_keys) == _as_json_writes(int_keys)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="not JSON compliant"):
+            dump_profile(dataclasses.replace(make_profile(), extra={"x": [bad]}))
 
 
 def _write(tmp_path: Path, data) -> Path:
