@@ -7,6 +7,7 @@ line on stderr and exits with the code in `freezeopt.errors.EXIT_CODES`, never a
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import shlex
 import sys
@@ -616,6 +617,15 @@ def schema(
     sys.stdout.write(json.dumps(makers[kind](), indent=2, sort_keys=True) + "\n")
 
 
+GC_THRESHOLD = (100_000, 50, 100)
+"""The collector's thresholds for a command's process (Python's default: 700, 10, 10). A command
+loads a profile and builds its DAG, millions of objects that live to the end and hold no cycles
+to free, and the default collector walked them again and again: `freezeopt solve --mode heuristic
+--time-limit 2` on a ZBV 64×256 profile took 5.5 s end to end with the default, 5.0 s with these
+(medians of five; in-process, loading 0.38 → 0.27 s, the DAG 1.39 → 1.10 s)."""
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (the process's edge, so the one place that tunes the collector)."""
+    gc.set_threshold(*GC_THRESHOLD)
     app()

@@ -235,3 +235,20 @@ def test_job_overrides_reach_the_library(
     r = run(command, "tiny-gpt", *args)
     assert "stopped by the test" in r.output
     assert seen["overrides"] == want
+
+
+def test_the_entry_point_collects_garbage_less_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`main` raises the collector's thresholds before running the command (see GC_THRESHOLD)."""
+    import gc
+
+    from freezeopt import cli
+
+    seen: list[tuple[int, ...]] = []
+    before = gc.get_threshold()
+    monkeypatch.setattr(cli, "app", lambda: seen.append(gc.get_threshold()))
+    try:
+        cli.main()
+    finally:
+        gc.set_threshold(*before)
+    assert seen == [cli.GC_THRESHOLD]
+    assert cli.GC_THRESHOLD[0] > before[0]
