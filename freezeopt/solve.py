@@ -44,12 +44,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import os
 import signal as signals
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -191,7 +192,39 @@ def solve(
     """Decide what to freeze in `dag` under `opts`; see the module docstring.
 
     `lp_cache` (HiGHS only): keep the LP relaxation there and re-solve it warm, from the last
-    basis, when the next call differs only in costs — what online re-planning does."""
+    basis, when the next call differs only in costs — what online re-planning does.
+
+    Python's garbage collector is paused for the call (see `_collector_paused`)."""
+    with _collector_paused():
+        return _solve(dag, signal, opts, lp_cache=lp_cache)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the garbage collector, then restore it as it was. A solve makes hundreds of
+    thousands of small objects (key lists, index arrays, plans) beside a DAG of millions, and each
+    full collection walks them all; it frees no cycles a solve makes (none are made). Measured at
+    Interleaved1F1B 64×256 with `--time-limit 2` in a fresh process: the model, simulator and index
+    took 0.50–0.58 s with the collector on and 0.33–0.35 s paused, which decided whether the
+    relaxation had time to run at all (6.3 % from the LP bound without it, 4–5 % with it). The
+    pause is process-wide, so a solve never runs in a training process (re-plans have their own,
+    `freezeopt.solver_process`)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _solve(
+    dag: PipelineDag,
+    signal: tuple[tuple[GroupSignal, ...], ...],
+    opts: SolveOptions,
+    *,
+    lp_cache: LpCache | None,
+) -> SolveResult:
     _check_options(dag, signal, opts)
     mode = opts.mode
     t0 = time.perf_counter()

@@ -565,3 +565,34 @@ def test_spread_rounding_keeps_whole_counts_and_is_no_slower_than_rounding_down(
     frac, whole = model.counts(r.plan), model.counts(plan)
     assert all(whole.get(sg, 0) == math.floor(k + 1e-6) for sg, k in frac.items())
     assert model.makespan(plan) <= model.makespan(_round_down(model, r.plan)) + 1e-9
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_solve_pauses_the_collector_and_restores_it(
+    monkeypatch: pytest.MonkeyPatch, enabled: bool
+) -> None:
+    """The collector is off while a solve runs and as it was afterwards, also when it fails."""
+    import gc
+
+    import freezeopt.solve as solve_module
+
+    dag = build_dag(make_profile())
+    sig = estimate_signal(make_profile(), "gns")
+    seen: list[bool] = []
+    real = solve_module._solve
+
+    def spy(*a, **kw):
+        seen.append(gc.isenabled())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(solve_module, "_solve", spy)
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        solve(dag, sig, SolveOptions(mode="heuristic"))
+        assert seen == [False] and gc.isenabled() is enabled
+        with pytest.raises(InputError):
+            solve(dag, sig, SolveOptions(mode="heuristic", budget=-1.0))
+        assert seen == [False, False] and gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
