@@ -626,6 +626,7 @@ to free, and the default collector walked them again and again: `freezeopt solve
 
 
 def main() -> None:
-    """Console-script entry point (the process's edge, so the one place that tunes the collector)."""
+    """Console-script entry point: the process's edge, so where its collector thresholds are set
+    (`freezeopt.solve.solve` also pauses the collector while it runs)."""
     gc.set_threshold(*GC_THRESHOLD)
     app()
