@@ -109,8 +109,8 @@ RELAX_SHARE = 0.6
 answer comes without the LP, rounding its plan included; the search has the rest. Measured
 in-process at 64×256 against 0.5 (and 150 iterations needed): Interleaved1F1B with 2 s 6.26 →
 3.97 % from the LP bound, with 10 s 1.58 → 1.30 %; 1F1B with 10 s 3.68 → 3.54 %, but with 2 s
-9.08 → 9.22 % (75 iterations, whose rounded plan lost to the rank-balanced start); 32×128 with
-2 s within 0.06 points."""
+9.08 → 9.22 % (75 iterations, whose rounded plan lost to the rank-balanced start; since
+`freezeopt.relax.TAU_FALLS_BY` became 0.6 it wins there too); 32×128 with 2 s within 0.06 points."""
 ROUND_SECONDS_PER_KEY = 4e-6
 """Rounding the relaxation's plan (`_round_spread`) comes out of its share: 3.4 µs per key
 measured at 64×256 (0.22 s for 65 k keys), where it made the 2 s solve overrun by 0.13 s."""
