@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from freezeopt.actions import parse_action
 from freezeopt.errors import InputError, MismatchError
 from freezeopt.examples.tiny_gpt import build_model, stdlib_bytes
 from freezeopt.faults import damage_file
@@ -493,22 +494,27 @@ def test_measured_savings_match_the_profiles_group_costs(
     ]
     assert all(a["n_full"] >= 6 and a["n_freeze"] >= 6 for a in rep.actions)
     per_stage: dict[int, list[float]] = {}
+    detail: dict[int, list[tuple]] = {}  # what a failure needs to be told from noise
     for a in frozen:
-        s = int(a["action"][: -len(a["action"].lstrip("0123456789"))])
+        s = parse_action(a["action"]).stage
         predicted = sum(cost[(s, g)] for g in a["frozen"])
         measured = a["full_ms"] - a["freeze_ms"]
         acc = per_stage.setdefault(s, [0.0, 0.0, 0.0])
         acc[0] += measured
         acc[1] += predicted
         acc[2] += a["full_ms"]
+        detail.setdefault(s, []).append(
+            (a["action"], a["frozen"], a["full_ms"], a["freeze_ms"], a["n_full"], a["n_freeze"])
+        )
     for s, (measured, predicted, whole) in per_stage.items():
         upper = whole + 0.2 if s == 0 else 2.5 * predicted + 0.2
-        detail = [  # what a failure needs to be told from noise: each frozen action's figures
-            (a["action"], a["frozen"], a["full_ms"], a["freeze_ms"], a["n_full"], a["n_freeze"])
-            for a in frozen
-            if a["action"].startswith(f"{s}") and a["action"][len(str(s))] in "FBIW"
-        ]
-        assert 0.5 * predicted - 0.2 <= measured <= upper, (s, measured, predicted, whole, detail)
+        assert 0.5 * predicted - 0.2 <= measured <= upper, (
+            s,
+            measured,
+            predicted,
+            whole,
+            detail[s],
+        )
     unfrozen = [a for a in rep.actions if not a["frozen"] and a["action"][-2] in "BW"]
     for a in unfrozen:  # an action with nothing frozen costs the same in both kinds of step
         assert a["freeze_ms"] == pytest.approx(a["full_ms"], rel=0.5, abs=0.3), a
