@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -254,7 +255,6 @@ _ADAPTER: TypeAdapter[Profile] = TypeAdapter(Profile)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 _ESCAPE = json.encoder.encode_basestring_ascii  # C, where the interpreter has it
 _NOT_FINITE = "Out of range float values are not JSON compliant"
-_INF = float("inf")
 
 
 def _fields(kind: type) -> tuple[str, ...] | None:
@@ -295,7 +295,7 @@ def _emit(x: Any, nl: str, out: list[str]) -> None:
     profile, this 0.75 s (most of it rounding and writing its 410 k floats)."""
     if type(x) is float:  # most of a profile: gradient traces and costs
         r = _round(x, 6)
-        if r != r or r in (_INF, -_INF):
+        if not math.isfinite(r):
             raise ValueError(_NOT_FINITE)
         out.append(float.__repr__(r))
     elif isinstance(x, str):
