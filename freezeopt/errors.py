@@ -11,6 +11,7 @@ __all__ = [
     "FreezeoptError",
     "InfeasibleError",
     "InputError",
+    "LpUnsolved",
     "MismatchError",
     "SolverError",
     "StoppedError",
@@ -45,6 +46,11 @@ class SolverError(FreezeoptError):
     """The solver is missing, failed, or stopped without a usable answer."""
 
     exit_code = 5
+
+
+class LpUnsolved(SolverError):
+    """The LP relaxation did not reach its optimum (time limit, numerical trouble). `solve` adds how
+    to answer without it where the options do not already (`--fallback heuristic`)."""
 
 
 class StoppedError(FreezeoptError):

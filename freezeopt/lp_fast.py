@@ -60,7 +60,7 @@ import numpy as np
 
 from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
-from freezeopt.errors import InputError, SolverError
+from freezeopt.errors import InputError, LpUnsolved, SolverError
 from freezeopt.fileio import stdout_to_stderr
 
 __all__ = ["FastLP", "LpAnswer", "LpCache", "phase2_limit"]
@@ -494,7 +494,7 @@ class FastLP:
         h = self._h
         left = deadline - time.perf_counter()
         if left <= 0:
-            raise SolverError(
+            raise LpUnsolved(
                 f"the LP relaxation did not solve (time_limit in phase {phase}); raise --time-limit"
             )
         # HiGHS compares time_limit with its run time summed over every run of this model
@@ -513,7 +513,7 @@ class FastLP:
                 else "try --solver cbc"
             )
             self._solved = False
-            raise SolverError(f"the LP relaxation did not solve ({what} in phase {phase}); {hint}")
+            raise LpUnsolved(f"the LP relaxation did not solve ({what} in phase {phase}); {hint}")
         return max(0, h.getInfo().simplex_iteration_count - max(before, 0))
 
     # -- warm re-solve ---------------------------------------------------------------------------

@@ -61,7 +61,7 @@ import pulp
 from freezeopt.actions import Action
 from freezeopt.balance import balanced_plan, rank_bound, rank_needs
 from freezeopt.dag import PipelineDag
-from freezeopt.errors import InputError, SolverError
+from freezeopt.errors import InputError, LpUnsolved, SolverError
 from freezeopt.fileio import stdout_to_stderr
 from freezeopt.highs_child import solve_mip_until
 from freezeopt.lp_fast import FastLP, LpCache, phase2_limit
@@ -81,6 +81,8 @@ WRAP_UP = 0.1
 """Seconds of the time limit (at most 5 %) kept back from the solvers and the search, for reading
 their answer back and re-timing it (15–70 ms at 16×64 with 8 groups, about 0.1 s for the 15,000
 frozen keys of a 64×256 plan)."""
+WITHOUT_LP = "or answer without the LP: --mode heuristic, or --fallback heuristic"
+"""What an LP failure's message ends with where the options do not already allow for it."""
 LP_SHARE = 0.8
 """Share of the time limit the `heuristic` mode gives the LP relaxation. If the LP does not solve
 in it, the search from the LP-free start (`freezeopt.balance`) has the rest."""
@@ -260,6 +262,8 @@ def _solve(
         )
     except SolverError as e:
         if opts.fallback != "heuristic" and mode != "heuristic":
+            if isinstance(e, LpUnsolved):
+                raise LpUnsolved(f"{e}; {WITHOUT_LP}") from None
             raise
         lp1, start = model.lp_free(floor)
         lp_x = {}
@@ -647,12 +651,13 @@ class _Model:
         st1, st2, plan, t1 = self._phases(integer=False, start=None, deadline=deadline, write=write)
         if st1 != "optimal" or st2 != "optimal":
             st = st1 if st1 != "optimal" else st2
-            hint = (
-                "raise --time-limit"
-                if "time" in st or st == "no_solution"
-                else f"try --solver {_other(self.opts.solver)}"
-            )
-            raise SolverError(f"the LP relaxation did not solve ({st}); {hint}")
+            if "time" in st or st == "no_solution":
+                hint = "raise --time-limit"
+                if self.opts.solver == "cbc":
+                    hint += ", or use --solver highs (far faster on large LPs)"
+            else:
+                hint = f"try --solver {_other(self.opts.solver)}"
+            raise LpUnsolved(f"the LP relaxation did not solve ({st}); {hint}")
         return t1, plan
 
     def _solve_lp_fast(

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 import freezeopt.solve as solve_mod
 from freezeopt.cli import app
 from freezeopt.dag import build_dag
-from freezeopt.errors import SolverError
+from freezeopt.errors import LpUnsolved, SolverError
 from freezeopt.fileio import atomic_write_text
+from freezeopt.lp_fast import FastLP
 from freezeopt.sensitivity import estimate_signal
 from freezeopt.solve import SolveOptions, solve
 from tests.conftest import make_profile
@@ -63,12 +64,43 @@ def test_solver_failure_with_and_without_fallback(
     assert any("rank-load bound" in n for n in r.notes)
 
 
+def test_an_lp_that_highs_cannot_solve_in_time_says_how_to_answer_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = make_profile(ranks=4, microbatches=8)
+    dag, signal = build_dag(p), estimate_signal(p)
+
+    def out_of_time(self: FastLP, deadline: float, *, phase: int, may_stop: bool = False) -> int:
+        raise LpUnsolved(
+            f"the LP relaxation did not solve (time_limit in phase {phase}); raise --time-limit"
+        )
+
+    monkeypatch.setattr(FastLP, "_run", out_of_time)
+    for mode in ("lp", "milp"):
+        with pytest.raises(LpUnsolved) as e:
+            solve(dag, signal, SolveOptions(mode=mode, solver="highs"))
+        assert str(e.value) == (
+            "the LP relaxation did not solve (time_limit in phase 1); raise --time-limit; "
+            "or answer without the LP: --mode heuristic, or --fallback heuristic"
+        )
+        assert e.value.exit_code == 5  # a SolverError
+    r = solve(dag, signal, SolveOptions(mode="lp", solver="highs", fallback="heuristic"))
+    assert r.status == "heuristic_fallback"
+    assert not any("or answer without the LP" in n for n in r.notes)  # it did
+
+
 def test_cli_fallback_writes_a_valid_schedule(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
     prof, out = _profile_file(tmp_path), tmp_path / "s.yaml"
-    assert runner.invoke(app, ["solve", str(prof), "-o", str(out)]).exit_code == 5
+    r = runner.invoke(app, ["solve", str(prof), "-o", str(out)])
+    assert r.exit_code == 5
+    assert r.stderr == (  # one line that says what would answer
+        "error: the LP relaxation did not solve (no_solution); raise --time-limit, or use --solver "
+        "highs (far faster on large LPs); or answer without the LP: --mode heuristic, or "
+        "--fallback heuristic\n"
+    )
     assert not out.exists()
     r = runner.invoke(
         app, ["solve", str(prof), "-o", str(out), "--fallback", "heuristic", "--json"]
