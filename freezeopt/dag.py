@@ -15,7 +15,6 @@ weight-gradient work, so only they are freezable; each carries its stage's per-g
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -102,8 +101,10 @@ def build_dag(profile: Profile) -> PipelineDag:
     rank_of: dict[Action, int] = {}
     rank_actions: list[tuple[Action, ...]] = []
     stage_rank: dict[int, int] = {}
+    parsed: dict[str, Action] = {}  # the ranks' action texts, parsed once
     for rp in profile.ranks:
         acts = tuple(parse_action(s) for s in rp.actions)
+        parsed.update(zip(rp.actions, acts, strict=True))
         for a in acts:
             if a in rank_of:
                 raise InputError(
@@ -125,11 +126,17 @@ def build_dag(profile: Profile) -> PipelineDag:
                 f"stage {st.stage} is declared on rank {st.rank} but its actions run on rank {stage_rank[st.stage]}"
             )
 
-    _check_complete(rank_of, n_st, n_mb)
+    # Actions are numbered in the order of the ranks' lists and found by their fields: tuples and
+    # ints hash in C, `Action`s in Python. The edges and the step order are worked out on numbers;
+    # networkx gets the ranks' own `Action` objects (it hashes each edge's ends several times, and
+    # an equal but distinct object costs an `__eq__` as well).
+    nodes = list(rank_of)
+    act = {(a.stage, a.kind, a.microbatch): i for i, a in enumerate(nodes)}
+    _check_complete(act, n_st, n_mb)
 
     cost: dict[Action, float] = {}
     for ac in profile.actions:
-        a = parse_action(ac.action)
+        a = parsed.get(ac.action) or parse_action(ac.action)
         if a not in rank_of:
             raise InputError(f"profile has a cost for {a}, which no rank runs")
         cost[a] = ac.cost_ms.median
@@ -163,30 +170,38 @@ def build_dag(profile: Profile) -> PipelineDag:
     lag: dict[tuple[int, int, str], float] = {
         (lg.src_stage, lg.dst_stage, lg.kind): lg.ms.median for lg in profile.lags
     }
-    g = nx.DiGraph()
-    g.add_nodes_from(rank_of)
-    edges: list[tuple[Action, Action, dict[str, float]]] = []
+    stage = [a.stage for a in nodes]
+    edges: list[tuple[int, int, float]] = []
 
-    def edge(u: Action, v: Action, kind: str) -> None:
-        cross = rank_of[u] != rank_of[v]
-        edges.append((u, v, {"lag": lag.get((u.stage, v.stage, kind), 0.0) if cross else 0.0}))
+    def edge(u: int, v: int, kind: str) -> None:
+        su, sv = stage[u], stage[v]
+        cross = stage_rank[su] != stage_rank[sv]
+        edges.append((u, v, lag.get((su, sv, kind), 0.0) if cross else 0.0))
 
+    first = 0
     for acts in rank_actions:
-        edges.extend((u, v, {"lag": 0.0}) for u, v in itertools.pairwise(acts))
+        edges.extend((u, u + 1, 0.0) for u in range(first, first + len(acts) - 1))
+        first += len(acts)
     for m in range(n_mb):
         for s in range(n_st):
-            f = Action(s, "F", m)
-            bin_ = _input_grad_action(rank_of, s, m)
+            f = act[(s, "F", m)]
+            bin_ = act.get((s, "B", m))
+            if bin_ is None:
+                bin_ = act[(s, "I", m)]
             if s + 1 < n_st:
-                edge(f, Action(s + 1, "F", m), "F")
-                edge(_input_grad_action(rank_of, s + 1, m), bin_, "B")
+                edge(f, act[(s + 1, "F", m)], "F")
+                up = act.get((s + 1, "B", m))
+                edge(act[(s + 1, "I", m)] if up is None else up, bin_, "B")
             edge(f, bin_, "F")
-            if bin_.kind == "I":
-                edge(bin_, Action(s, "W", m), "B")
-    g.add_edges_from(edges)  # in this order: each action's predecessors keep it
+            if nodes[bin_].kind == "I":
+                edge(bin_, act[(s, "W", m)], "B")
+    g = nx.DiGraph()
+    g.add_nodes_from(nodes)
+    # in this order: each action's predecessors keep it
+    g.add_edges_from((nodes[u], nodes[v], {"lag": w}) for u, v, w in edges)
 
-    order = _step_order(g)
-    if len(order) < g.number_of_nodes():
+    order = _step_order(nodes, edges)
+    if len(order) < len(nodes):
         cycle = nx.find_cycle(g)
         path = " → ".join(str(u) for u, _ in cycle) + f" → {cycle[-1][1]}"
         raise InputError(
@@ -194,7 +209,7 @@ def build_dag(profile: Profile) -> PipelineDag:
         )
     return PipelineDag(
         graph=g,
-        order=tuple(order),
+        order=tuple(nodes[i] for i in order),
         rank_of=rank_of,
         rank_actions=tuple(rank_actions),
         cost=cost,
@@ -204,36 +219,38 @@ def build_dag(profile: Profile) -> PipelineDag:
     )
 
 
-def _step_order(g: nx.DiGraph) -> list[Action]:
+def _step_order(nodes: list[Action], edges: list[tuple[int, int, float]]) -> list[int]:
     """The topological order that always takes the ready action of the lowest (microbatch,
     stage, kind) next (what `nx.lexicographical_topological_sort` gives with that key; each
-    action has its own key, so the order is unique). Shorter than the graph when it has a cycle."""
-    indeg = dict(g.in_degree())
-    key = {a: (a.microbatch, a.stage, a.kind) for a in indeg}
-    by_key = {k: a for a, k in key.items()}
-    ready = [key[a] for a, d in indeg.items() if d == 0]
+    action has its own key, so the order is unique), as positions in `nodes`. Shorter than
+    `nodes` when the edges have a cycle."""
+    indeg = [0] * len(nodes)
+    succ: list[list[int]] = [[] for _ in nodes]
+    for u, v, _ in edges:
+        succ[u].append(v)
+        indeg[v] += 1
+    key = [(a.microbatch, a.stage, a.kind, i) for i, a in enumerate(nodes)]
+    ready = [key[i] for i, d in enumerate(indeg) if d == 0]
     heapq.heapify(ready)
-    order: list[Action] = []
-    succ = g.succ
+    order: list[int] = []
     while ready:
-        a = by_key[heapq.heappop(ready)]
-        order.append(a)
-        for v in succ[a]:
+        u = heapq.heappop(ready)[3]
+        order.append(u)
+        for v in succ[u]:
             indeg[v] -= 1
             if not indeg[v]:
                 heapq.heappush(ready, key[v])
     return order
 
 
-def _input_grad_action(rank_of: Mapping[Action, int], s: int, m: int) -> Action:
-    b = Action(s, "B", m)
-    return b if b in rank_of else Action(s, "I", m)
-
-
-def _check_complete(rank_of: Mapping[Action, int], n_st: int, n_mb: int) -> None:
+def _check_complete(act: Mapping[tuple[int, str, int], int], n_st: int, n_mb: int) -> None:
+    """Every (stage, microbatch) has a forward and one backward (`act`: actions by their fields)."""
+    kinds: dict[tuple[int, int], set[str]] = {}
+    for st, k, m in act:
+        kinds.setdefault((st, m), set()).add(k)
     for s in range(n_st):
         for m in range(n_mb):
-            has = {k for k in "FBIW" if Action(s, k, m) in rank_of}  # type: ignore[arg-type]
+            has = kinds.get((s, m), set())
             if "F" not in has:
                 raise InputError(
                     f"no rank runs {s}F{m}; every stage needs a forward for every microbatch"
