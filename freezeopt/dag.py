@@ -131,7 +131,9 @@ def build_dag(profile: Profile) -> PipelineDag:
     # networkx gets the ranks' own `Action` objects (it hashes each edge's ends several times, and
     # an equal but distinct object costs an `__eq__` as well).
     nodes = list(rank_of)
-    act = {(a.stage, a.kind, a.microbatch): i for i, a in enumerate(nodes)}
+    act: dict[tuple[int, str, int], int] = {
+        (a.stage, a.kind, a.microbatch): i for i, a in enumerate(nodes)
+    }
     _check_complete(act, n_st, n_mb)
 
     cost: dict[Action, float] = {}
