@@ -292,7 +292,9 @@ def _emit(x: Any, nl: str, out: list[str]) -> None:
     """Append the text `json.dumps(_plain(x), indent=1, ensure_ascii=True, allow_nan=False)`
     gives `x` at the indent `nl` (a newline and the indent) to `out`, in one pass. With `indent`
     `json` runs its pure-Python encoder: `_plain` then `json` took 1.0–1.2 s on a ZBV 64×256
-    profile, this 0.75 s (most of it rounding and writing its 410 k floats)."""
+    profile, this 0.75 s; with the fields that are floats, strings and ints written in their
+    dataclass's loop and runs of floats or strings joined at once, 0.64 s (medians of seven,
+    against 0.88 s side by side)."""
     if type(x) is float:  # most of a profile: gradient traces and costs
         r = _round(x, 6)
         if not math.isfinite(r):
@@ -302,6 +304,15 @@ def _emit(x: Any, nl: str, out: list[str]) -> None:
         out.append(_ESCAPE(x))
     elif isinstance(x, list | tuple):
         inner = nl + " "
+        if x and all(type(v) is float for v in x):  # a run of floats (traces): no call per float
+            r = [0.0 if v == 0 else float(f"{v:.6g}") for v in x]
+            if not all(map(math.isfinite, r)):
+                raise ValueError(_NOT_FINITE)
+            out.append("[" + inner + ("," + inner).join(map(float.__repr__, r)) + nl + "]")
+            return
+        if x and all(type(v) is str for v in x):  # a rank's actions
+            out.append("[" + inner + ("," + inner).join(map(_ESCAPE, x)) + nl + "]")
+            return
         sep = "[" + inner
         for v in x:
             out.append(sep)
@@ -326,8 +337,19 @@ def _emit(x: Any, nl: str, out: list[str]) -> None:
         for k, v in items:
             if not isinstance(k, str):
                 raise _Unusual
-            out.append(sep + _ESCAPE(k) + ": ")
-            _emit(v, inner, out)
+            t = type(v)  # most fields (costs, counts, names): written here, not by a call each
+            if t is float:
+                r = 0.0 if v == 0 else float(f"{v:.6g}")
+                if not math.isfinite(r):
+                    raise ValueError(_NOT_FINITE)
+                out.append(sep + _ESCAPE(k) + ": " + float.__repr__(r))
+            elif t is str:
+                out.append(sep + _ESCAPE(k) + ": " + _ESCAPE(v))
+            elif t is int:
+                out.append(sep + _ESCAPE(k) + ": " + int.__repr__(v))
+            else:
+                out.append(sep + _ESCAPE(k) + ": ")
+                _emit(v, inner, out)
             sep = "," + inner
         out.append("{}" if sep[0] == "{" else nl + "}")
 

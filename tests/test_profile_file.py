@@ -76,14 +76,22 @@ def test_dump_profile_writes_odd_extras_as_json_does() -> None:
         "tuple": (1, 2.000001, "x"),
         "np": np.float64(0.1234567891),
         "empty": {},
+        "names": ["0F1", "é", 'q"', "\n", ""],
+        "mixed": [1.0, 2, "3"],
+        "pi": 3.14159265358979,
+        "negzero": -0.0,
+        "one": 1,
+        "big": -(2**70),
+        "yes": True,
     }
     p = dataclasses.replace(make_profile(), extra=odd)
     assert dump_profile(p) == _as_json_writes(p)
     int_keys = dataclasses.replace(make_profile(), extra={"m": {1: 2.0, 3: [4.0]}})
     assert dump_profile(int_keys) == _as_json_writes(int_keys)
     for bad in (float("nan"), float("inf"), -float("inf")):
-        with pytest.raises(ValueError, match="not JSON compliant"):
-            dump_profile(dataclasses.replace(make_profile(), extra={"x": [bad]}))
+        for extra in ({"x": [bad]}, {"x": bad}, {"x": [1.0, bad]}):
+            with pytest.raises(ValueError, match="not JSON compliant"):
+                dump_profile(dataclasses.replace(make_profile(), extra=extra))
 
 
 def _write(tmp_path: Path, data) -> Path:
