@@ -305,10 +305,10 @@ def _emit(x: Any, nl: str, out: list[str]) -> None:
     elif isinstance(x, list | tuple):
         inner = nl + " "
         if x and all(type(v) is float for v in x):  # a run of floats (traces): no call per float
-            r = [0.0 if v == 0 else float(f"{v:.6g}") for v in x]
-            if not all(map(math.isfinite, r)):
+            run = [0.0 if v == 0 else float(f"{v:.6g}") for v in x]
+            if not all(map(math.isfinite, run)):
                 raise ValueError(_NOT_FINITE)
-            out.append("[" + inner + ("," + inner).join(map(float.__repr__, r)) + nl + "]")
+            out.append("[" + inner + ("," + inner).join(map(float.__repr__, run)) + nl + "]")
             return
         if x and all(type(v) is str for v in x):  # a rank's actions
             out.append("[" + inner + ("," + inner).join(map(_ESCAPE, x)) + nl + "]")
