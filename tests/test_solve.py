@@ -279,6 +279,77 @@ def test_cross_group_swaps_keep_budget_and_caps(stage_cap: float | None) -> None
     assert moved, "some move changed the counts"
 
 
+@pytest.mark.parametrize(
+    ("budget", "group_cap", "stage_cap"), [(0.3, 0.75, None), (0.05, 0.5, None), (0.3, 0.75, 0.2)]
+)
+def test_a_batched_fill_freezes_several_keys_a_retiming_within_budget_and_caps(
+    budget: float, group_cap: float, stage_cap: float | None
+) -> None:
+    """From nothing frozen, the fill with batches, its time short: budget, group caps and stage
+    caps hold, the step is shorter, and it froze more keys than it re-timed the DAG (so batches
+    were kept). With time enough (no deadline) it freezes one key a try."""
+    from freezeopt.solve import _Deadline, _fill
+
+    class Short(_Deadline):  # every try finds the time left short, and none is the last
+        def expired(self) -> bool:
+            return False
+
+        def passed(self) -> bool:
+            return False
+
+    p = make_profile(ranks=4, microbatches=16, groups=3)
+    dag, model = _model(p, budget=budget, group_cap=group_cap, stage_cap=stage_cap)
+    timing = Timer(dag)
+    calls = 0
+    times = timing.times
+
+    def counted(d):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return times(d)
+
+    timing.times = counted  # type: ignore[method-assign]
+    out = _fill(dag, model, {}, 10_000, timing, clock=Short(0.0), batch=16)
+    assert model.fits(out)
+    assert len(out) > calls, (len(out), calls)
+    t0 = model.makespan({})
+    assert model.makespan(out) < t0 - 1e-6
+    for clock in (None, _Deadline()):  # as single keys: within budget and caps, a try a key
+        calls = 0
+        one = _fill(dag, model, {}, 10_000, timing, clock=clock, batch=16)
+        assert model.fits(one) and len(one) <= calls
+        assert one == _fill(dag, model, {}, 10_000, timing, clock=clock)
+
+
+def test_a_batch_takes_keys_in_order_while_caps_and_budget_hold_together() -> None:
+    """`_batch` counts its own picks: a group's later keys pay its curve's later slopes and stop
+    at the group cap, and the stage caps and the budget hold for the batch as a whole."""
+    import numpy as np
+
+    from freezeopt.solve import _batch, _tally
+
+    p = make_profile(ranks=2, microbatches=8, groups=2)
+    dag, model = _model(p, budget=0.2, group_cap=0.5, stage_cap=0.4)
+    ix = model.index
+    _, signal, _, cap = _tally(dag, model, {})
+    count = np.zeros(len(ix.pairs), dtype=np.int64)
+    load = np.zeros(dag.n_stages)
+    ranked = np.arange(len(model.keys))  # every key, in key order
+    chosen, added, sig = _batch(model, ranked, count, load, signal, cap, len(model.keys))
+    plan = {model.keys[i]: 1.0 for i in chosen}
+    assert chosen == sorted(chosen) and len(chosen) > 1
+    assert model.fits(plan)
+    assert sig == pytest.approx(model.signal_of(plan))
+    assert sum(added.values()) == len(chosen)
+    for k, a in added.items():
+        assert a == sum(ix.sg_id[i] == k for i in chosen) and a <= model.kmax
+    # nothing left out of the batch would still fit beside it
+    left = [model.keys[i] for i in range(len(model.keys)) if i not in set(chosen)]
+    assert all(not model.fits({**plan, k: 1.0}) for k in left)
+    few, _, _ = _batch(model, ranked, count, load, signal, cap, 3)
+    assert few == chosen[:3]
+
+
 def test_model_makespan_is_simulates_step_time_for_any_plan() -> None:
     """`_Model.makespan` (one Timer per model) gives `simulate`'s step time exactly, fractional
     plans and over-full actions (clipped at zero) included."""
