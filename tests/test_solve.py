@@ -514,8 +514,9 @@ def test_without_the_lp_the_first_order_relaxation_tightens_the_bound_and_may_st
     monkeypatch: pytest.MonkeyPatch, schedule: str
 ) -> None:
     """LP skipped, time for the relaxation: the bound is the larger of the rank-load bound and
-    the relaxation's, still not above the LP optimum; the search starts from the faster of the
-    two starts, so the answer is no slower than either; the notes say which."""
+    the relaxation's, still not above the LP optimum; the search starts from the relaxation's
+    rounded plan unless the rank-balanced one is faster by more than `RELAXED_WITHIN`, and the
+    answer is never slower than the rank-balanced start; the notes say which start."""
     from freezeopt import solve as solve_mod
 
     p = make_profile(schedule=schedule, ranks=4, microbatches=16, groups=3)
@@ -538,6 +539,11 @@ def test_without_the_lp_the_first_order_relaxation_tightens_the_bound_and_may_st
     assert r.lp_bound_ms > rank + 1e-9 or schedule == "ZBVZeroBubble"  # 1F1B: tighter, measured
     assert r.predicted_ms <= model.makespan(balanced) + 1e-9
     assert r.signal_dropped <= 0.1 + 1e-9 and model.fits(r.frozen)
+    (note,) = [n for n in r.notes if "iterations of the first-order relaxation" in n]
+    t_rounded = float(note.split("(rounded ")[1].split(" ms")[0])
+    t_balanced = float(note.split("rank-balanced ")[-1].split(" ms")[0])
+    from_relaxed = t_rounded < t_balanced * (1 + solve_mod.RELAXED_WITHIN) - 1e-9
+    assert ("relaxation's plan rounded" in note) == from_relaxed, note
 
 
 def test_the_search_clock_stops_before_a_try_would_end_past_the_deadline(
