@@ -1270,8 +1270,8 @@ def _fill(
         order = np.lexsort((ix.group_a[keys], ix.rank_a[ix.act[keys]], ratio))
         short = False  # batches only while the time left cannot fit a try per key the budget allows
         if batch > 1 and done and clock is not None and len(keys):
-            fit = (clock.at - time.perf_counter()) * done / (time.perf_counter() - began)
-            short = fit < (budget - signal) / float(np.mean(d_sig[order[:64]]))
+            fit = (clock.at - time.perf_counter()) * done / max(time.perf_counter() - began, 1e-9)
+            short = fit < (budget - signal) / max(float(np.mean(d_sig[order[:64]])), 1e-12)
         done += 1
         if short:
             chosen, added, b_signal = _batch(
