@@ -252,6 +252,7 @@ def _solve(
     lp_deadline = deadline if mode != "heuristic" else t0 + LP_SHARE * (deadline - t0)
     start: dict[Key, float] | None = None
     balanced: dict[Key, float] = {}  # without the LP: the rank-balanced plan, whatever the start
+    t_balanced = math.inf  # and its step time
     try:
         if mode == "heuristic":
             lp_left = _left(lp_deadline)
@@ -276,26 +277,25 @@ def _solve(
                 raise LpUnsolved(f"{e}; {WITHOUT_LP}") from None
             raise
         lp1, start = model.lp_free(floor)
-        balanced = start
         lp_x = {}
         how = "the search from a rank-balanced start"
         bound_note = f"the rank-load bound ({lp1:.1f} ms; see freezeopt.balance)"
         relax_needs = RELAX_ITERATIONS * RELAX_SECONDS_PER_ACTION * len(dag.order)
         rounding = ROUND_SECONDS_PER_KEY * len(model.keys)
-        t_start = model.makespan(start)
-        proven = 1 - lp1 / t_start  # the rank-balanced start's proven gap
+        balanced, t_balanced = start, model.makespan(start)
+        proven = 1 - lp1 / t_balanced  # the rank-balanced start's proven gap
         relax_left = _left(deadline) * RELAX_SHARE - rounding
         if proven > RELAX_ABOVE_GAP and relax_left >= relax_needs:
             relaxed = model.relaxed(time.perf_counter() + relax_left)
             if relaxed is not None:
                 r, rounded = relaxed
                 t_rounded = model.makespan(rounded)
-                if t_rounded < t_start * (1 + RELAXED_WITHIN) - 1e-9:
+                if t_rounded < t_balanced * (1 + RELAXED_WITHIN) - 1e-9:
                     start = rounded
                     how = "the search from the first-order relaxation's plan rounded"
                 how = (
                     f"{r.iterations} iterations of the first-order relaxation (freezeopt.relax), "
-                    f"then {how} (rounded {t_rounded:.1f} ms, rank-balanced {t_start:.1f} ms)"
+                    f"then {how} (rounded {t_rounded:.1f} ms, rank-balanced {t_balanced:.1f} ms)"
                 )
                 if r.bound > lp1:
                     bound_note = (
@@ -317,7 +317,7 @@ def _solve(
             frozen = _round_and_fill(dag, model, lp_x, clock)
         else:
             frozen = _search(dag, model, start, clock, batch=FILL_BATCH)
-            if model.makespan(frozen) > model.makespan(balanced):  # never slower than that start
+            if model.makespan(frozen) > t_balanced:  # never slower than the rank-balanced start
                 frozen = balanced
         status = "heuristic_fallback" if start is not None else "heuristic"
         if clock.hit:
