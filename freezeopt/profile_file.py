@@ -305,6 +305,9 @@ def _emit(x: Any, nl: str, out: list[str]) -> None:
     elif isinstance(x, list | tuple):
         inner = nl + " "
         if x and all(type(v) is float for v in x):  # a run of floats (traces): no call per float
+            # `_round(v, 6)` written out here and for float fields below: a call per float made
+            # the ZBV 64×256 dump 15–25 % slower (0.53 → 0.61–0.66 s); the tests hold the bytes
+            # to `json`'s on `_plain`'s data
             run = [0.0 if v == 0 else float(f"{v:.6g}") for v in x]
             if not all(map(math.isfinite, run)):
                 raise ValueError(_NOT_FINITE)
