@@ -115,9 +115,9 @@ in-process at 64×256 against 0.5 (and 150 iterations needed): Interleaved1F1B w
 3.97 % from the LP bound, with 10 s 1.58 → 1.30 %; 1F1B with 10 s 3.68 → 3.54 %, but with 2 s
 9.08 → 9.22 % (75 iterations, whose rounded plan lost to the rank-balanced start; since
 `freezeopt.relax.TAU_FALLS_BY` became 0.6 it wins there too); 32×128 with 2 s within 0.06 points."""
-ROUND_SECONDS_PER_KEY = 4e-6
-"""Rounding the relaxation's plan (`_round_spread`) comes out of its share: 3.4 µs per key
-measured at 64×256 (0.22 s for 65 k keys), where it made the 2 s solve overrun by 0.13 s."""
+ROUND_SECONDS_PER_KEY = 5e-7
+"""Rounding the relaxation's plan (`freezeopt.relax`) comes out of its share: 0.35–0.4 µs per key
+measured at 64×256 (23–24 ms for 65 k keys; over dicts of `Action` keys it took 0.2–0.3 s)."""
 RELAXED_WITHIN = 0.02
 """The search starts from the relaxation's rounded plan unless the rank-balanced plan is faster by
 more than this share: rounding down leaves part of the budget (5–10 % at 64×256) for the search
@@ -758,7 +758,7 @@ class _Model:
 
     def relaxed(self, until: float) -> tuple[Relaxation, dict[Key, float]] | None:
         """Without the LP: the first-order relaxation until `until` (`freezeopt.relax`) and its
-        plan rounded down per group; None when it found nothing to freeze."""
+        plan in whole microbatches (`Relaxation.rounded`); None when it found nothing to freeze."""
         o = self.opts
         r = relax(
             self.dag,
@@ -773,7 +773,7 @@ class _Model:
         )
         if not r.iterations:
             return None
-        return r, _round_spread(self, r.plan)
+        return r, r.rounded
 
     def take_lp(self) -> FastLP | None:
         """The LP relaxation's HiGHS model, solved, for the caller to change; None when the LP
@@ -1151,49 +1151,6 @@ def _round_down(model: _Model, lp_x: Mapping[Key, float]) -> dict[Key, float]:
         worst = max(plan, key=lambda k: (model.loss[(k[0].stage, k[1])][1], k))
         del plan[worst]
     return plan
-
-
-ROUND_SURE = (0.5, 0.7, 0.9)
-"""Thresholds `_round_spread` tries: microbatches frozen at least this much count as frozen."""
-
-
-def _round_spread(model: _Model, x: Mapping[Key, float]) -> dict[Key, float]:
-    """Round a fractional plan that spreads freezing thinly (`freezeopt.relax`'s, an average of
-    many knapsack plans) into whole microbatches: per group, the count rounded down; the
-    microbatches frozen at least a threshold are kept, and the rest of the count is spread over the
-    others in step order in proportion to their frozen extent (systematic rounding). Rounding
-    down by extent alone (`_round_down`) bunches the thin part where its extents happen to be
-    highest: measured at 64×256 after 5 s of the relaxation, 6.14 % and 5.20 % from the LP bound
-    (1F1B, Interleaved1F1B) against 5.78 % and 2.39 % spread. Tries `ROUND_SURE` and rounding down;
-    returns the plan the simulator times fastest."""
-    best = _round_down(model, x)
-    best_t = model.makespan(best)
-    groups = []  # per group: its keys in step order, their extents, the count, the top `n`
-    for _sg, keys in sorted(model.by_group.items()):
-        keys = sorted(keys, key=lambda k: (k[0].microbatch, k[0].kind))
-        v = np.fromiter((x.get(k, 0.0) for k in keys), dtype=float, count=len(keys))
-        n = min(math.floor(float(v.sum()) + 1e-6), model.kmax)
-        if n > 0:
-            groups.append((keys, v, n, np.lexsort((np.arange(len(v)), -v))[:n]))
-    for sure in ROUND_SURE:
-        plan: dict[Key, float] = {}
-        for keys, v, n, top in groups:
-            kept = top[v[top] >= sure]
-            rest = v.copy()
-            rest[kept] = 0.0
-            left, mass = n - len(kept), float(rest.sum())
-            chosen = kept.tolist()
-            if left > 0 and mass > 0:
-                c = np.cumsum(rest) * (left / mass) + 0.5
-                prev = np.concatenate(([0.5], c[:-1]))
-                chosen += np.flatnonzero(np.floor(c) > np.floor(prev))[:left].tolist()
-            plan.update((keys[i], 1.0) for i in chosen)
-        if not model.fits(plan):  # counts only fall, so this is numerical drift at most
-            continue
-        t = model.makespan(plan)
-        if t < best_t - 1e-9:
-            best, best_t = plan, t
-    return best
 
 
 def _tally(

@@ -218,3 +218,76 @@ def test_the_linear_step_takes_units_in_sorted_order(
     for sg, keys in m.by_group.items():
         taken = sorted(k[0].microbatch for k in keys if x[ks.keys.index(k)] > 0)
         assert taken == list(range(len(taken))), sg
+
+
+def _reference_rounding(m: _Model, x: dict, sure: float | None) -> dict:
+    """The rounding `Relaxation.rounded` tries, written over dicts: per group the count rounded
+    down; by extent (ties: the earlier microbatch) when `sure` is None, else the keys at `sure` or
+    more kept and the rest of the count spread in step order in proportion to the extents."""
+    plan = {}
+    for _sg, keys in sorted(m.by_group.items()):
+        keys = sorted(keys, key=lambda k: (k[0].microbatch, k[0].kind))
+        n = min(math.floor(sum(x.get(k, 0.0) for k in keys) + 1e-6), m.kmax)
+        top = sorted(keys, key=lambda k: -x.get(k, 0.0))[:n]  # stable: earlier microbatch first
+        if sure is None:
+            plan.update(dict.fromkeys(top, 1.0))
+            continue
+        kept = [k for k in top if x.get(k, 0.0) >= sure]
+        plan.update(dict.fromkeys(kept, 1.0))
+        rest = [0.0 if k in kept else x.get(k, 0.0) for k in keys]
+        left, mass, acc = n - len(kept), sum(rest), 0.0
+        for k, v in zip(keys, rest, strict=True):
+            if left <= 0 or mass <= 0:
+                break
+            before, acc = acc, acc + v
+            if math.floor(acc * (n - len(kept)) / mass + 0.5) > math.floor(
+                before * (n - len(kept)) / mass + 0.5
+            ):
+                plan[k] = 1.0
+                left -= 1
+    return plan
+
+
+@pytest.mark.parametrize(("schedule", "ranks", "mbs", "groups", "seed"), CASES)
+@pytest.mark.parametrize(("budget", "stage_cap", "iterations"), [(0.05, None, 7), (0.3, 0.4, 40)])
+def test_the_rounded_plan_is_the_fastest_of_its_roundings_in_whole_microbatches(
+    schedule: str,
+    ranks: int,
+    mbs: int,
+    groups: int,
+    seed: int,
+    budget: float,
+    stage_cap: float | None,
+    iterations: int,
+) -> None:
+    """Whole microbatches, each group's count its fractional count rounded down, within budget
+    and caps; the rounding the simulator times fastest among those tried (so never slower than
+    rounding down by extent)."""
+    m = _model(schedule, ranks, mbs, groups, seed, budget=budget, stage_cap=stage_cap)
+    r = _relax(m, iterations)
+    assert set(r.rounded.values()) <= {1.0} and m.fits(r.rounded)
+    counts, fractional = m.counts(r.rounded), m.counts(r.plan)
+    assert all(counts.get(sg, 0) == math.floor(k + 1e-6) for sg, k in fractional.items())
+    tries = [_reference_rounding(m, r.plan, sure) for sure in (None, 0.5, 0.7, 0.9)]
+    assert r.rounded in tries
+    fastest = min(m.makespan(p) for p in tries if m.fits(p))
+    assert m.makespan(r.rounded) == pytest.approx(fastest, rel=1e-12)
+
+
+def test_rounding_an_over_budget_plan_drops_the_dearest_units_until_it_fits() -> None:
+    """Rounding down a feasible plan can break the budget only by numerical drift; the guard is
+    checked on a plan far over it (everything frozen)."""
+    from freezeopt.relax import _round
+
+    m = _model("1F1B", 4, 16, 3, 0, budget=0.05)
+    ks, t = _knapsack(m), m.timer
+    n = len(t.order)
+
+    def hard(x: np.ndarray) -> float:
+        return t.times(t.base - np.bincount(ks.key_act, weights=ks.key_c * x, minlength=n))[0]
+
+    whole = _round(ks, np.ones(len(ks.keys)), hard)
+    plan = {ks.keys[i]: 1.0 for i in np.flatnonzero(whole).tolist()}
+    assert plan and m.fits(plan)
+    dearest = max(b - a for curve in m.loss.values() for a, b in itertools.pairwise(curve))
+    assert m.signal_of(plan) > m.opts.budget - dearest  # it stopped as soon as the plan fitted

@@ -614,36 +614,6 @@ def test_cbc_past_its_time_limit_is_interrupted_and_keeps_its_incumbent(
     assert time.perf_counter() - t0 < 10
 
 
-@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
-def test_spread_rounding_keeps_whole_counts_and_is_no_slower_than_rounding_down(
-    schedule: str,
-) -> None:
-    """The first-order relaxation's plan rounded: whole microbatches, each group's count its
-    fractional count rounded down, within budget and caps, and no slower than `_round_down`."""
-    from freezeopt.relax import relax
-    from freezeopt.solve import _round_down, _round_spread, _stage_cap
-
-    p = make_profile(schedule=schedule, ranks=4, microbatches=16, groups=3, seed=2)
-    dag, model = _model(p, mode="heuristic", solver="highs", budget=0.1, stage_cap=0.5)
-    r = relax(
-        dag,
-        model.timer,
-        model.by_group,
-        model.loss,
-        kmax=model.kmax,
-        budget=0.1,
-        stage_share=model.stage_share,
-        stage_cap=_stage_cap(dag, model),
-        deadline=math.inf,
-        max_iterations=300,
-    )
-    plan = _round_spread(model, r.plan)
-    assert plan and set(plan.values()) == {1.0} and model.fits(plan)
-    frac, whole = model.counts(r.plan), model.counts(plan)
-    assert all(whole.get(sg, 0) == math.floor(k + 1e-6) for sg, k in frac.items())
-    assert model.makespan(plan) <= model.makespan(_round_down(model, r.plan)) + 1e-9
-
-
 @pytest.mark.parametrize("enabled", [True, False])
 def test_solve_pauses_the_collector_and_restores_it(
     monkeypatch: pytest.MonkeyPatch, enabled: bool
