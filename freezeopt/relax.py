@@ -17,8 +17,16 @@ soft maximum at temperature `τ` (`start_v = τ·log Σ_u exp((end_u + lag_uv)/�
 source-to-sink paths (weight `exp(length/τ)`) runs through `a`: one forward and one backward pass
 over the DAG, compiled with numba. The linear step is a fractional knapsack: per group, its
 microbatches with the largest `p_a·c` first; across groups, units by time saved per signal spent
-until the budget is spent (greedily within stage caps). The step length backtracks on `T_τ`, and
-`τ` falls geometrically from 1 % to 0.01 % of the unfrozen step time.
+until the budget is spent (greedily within stage caps). The step length comes from one trial
+pass: `T_τ` along the step is taken as the quadratic through its value and slope (`−gap`, the
+Frank–Wolfe gap) at the start and its value at the trial length (twice the last step, at most 1),
+and its minimum within the trial length is the step. Measured against backtracking from the same
+trial length (halving until half the predicted decrease: about 2.1 trial passes an iteration),
+`freezeopt.solve`'s `heuristic` at 64×256 in fresh processes, gap to the LP optimum (medians):
+with 2 s (five runs each, every run better) 1F1B 5.98 → 5.50 %, Interleaved1F1B 3.16 → 2.58 %;
+with 10 s (three each) Interleaved1F1B 1.21 → 1.01 % but 1F1B 3.43 → 3.65 % (its fractional plan
+is closer, its rounded plan about 0.3 % slower); at 32×128 with 2 s within the spread. `τ` falls
+geometrically from 1 % to 0.01 % of the unfrozen step time.
 
 The bound holds at every iteration, for any `τ`: for a distribution `π` over paths with action
 marginals `p` and edge marginals `q`, every plan has `T(x) ≥ Σ_P π_P·len_P(x) = Σ_a p_a·D_a +
@@ -390,17 +398,13 @@ def relax(
         gap = value - float(benefit @ x)  # Frank–Wolfe gap of the smoothed problem (≥ 0)
         if gap > 1e-12 * t_free:
             direction = s - x
-            g = min(1.0, 2.0 * step)
-            while g > 1e-6:
-                trial = x + g * direction
-                if fwd(durations(trial), ptr, src, lag, sinks, tau)[0] <= span - 0.5 * g * gap:
-                    break
-                g *= 0.5
-            else:
-                g = 0.0
-            if g > 0.0:
-                x = trial
-                step = g
+            g1 = min(1.0, 2.0 * step)
+            t1 = fwd(durations(x + g1 * direction), ptr, src, lag, sinks, tau)[0]
+            curve = t1 - span + gap * g1  # ≥ 0 but for rounding: T_τ is convex
+            g = g1 if curve <= 0.0 else min(g1, 0.5 * gap * g1 * g1 / curve)
+            if g > 1e-6:
+                x = x + g * direction
+            step = max(g, 1e-6)
         it += 1
         if it == 1:
             left = max(deadline - time.perf_counter(), 0.0)

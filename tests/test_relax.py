@@ -99,6 +99,17 @@ def test_given_iterations_it_closes_on_the_lp_optimum(schedule: str) -> None:
     assert r.makespan < base - 0.5 * (base - t_lp)  # most of the LP's speed-up, fractional
 
 
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+def test_a_hundred_iterations_take_nearly_all_of_the_lp_speed_up(schedule: str) -> None:
+    """The step length minimises `T_τ` along each step: after 100 iterations the fractional plan
+    misses under 5 % of the LP's speed-up (measured 1.4, 3.3, 3.4 %; backtracking took 1.8, 3.2,
+    5.8 %, and steps a tenth as long 9.7, 21, 31 %)."""
+    m = _model(schedule, 4, 16, 3, 0, budget=0.1)
+    t_lp, base = _lp(m), m.makespan({})
+    r = _relax(m, 100)
+    assert r.makespan - t_lp <= 0.05 * (base - t_lp)
+
+
 def test_the_same_iterations_give_the_same_answer() -> None:
     m = _model("Interleaved1F1B", 2, 8, 3, 1, budget=0.2)
     a, b = _relax(m, 200), _relax(m, 200)
