@@ -199,75 +199,114 @@ def _passes() -> tuple[Any, Any, Any]:
             k = c
 
     @jit
-    def knapsack(benefit, mat, size, slope, group_stage, group_share, room, stage_room):
-        # The greedy of the module docstring without sorting every key: per group a heap of its
-        # keys (largest benefit first, then the earlier column), and across groups a heap by the
-        # ratio of each group's next unit (its best key left over the next segment's slope).
-        # Slopes never fall along a group's curve (convex) and its keys leave best first, so units
-        # leave in the order a stable sort by ratio gives them. Returns each key's amount taken
-        # and the value `Σ benefit·amount`.
-        ng, width = mat.shape
+    def knapsack(
+        p,
+        omat,
+        osize,
+        group_order,
+        group_c,
+        mat,
+        nkeys,
+        slope,
+        group_stage,
+        group_share,
+        room,
+        stage_room,
+    ):
+        # The greedy of the module docstring without sorting every key. A group's benefit per
+        # key is its action's weight `p` times the group's cost, so the groups that share a list
+        # of actions (a stage's groups) share the order of their keys: per list a heap of its
+        # columns (largest weight first, then the earlier column), popped into a sorted prefix as
+        # far as the list's groups need it. Across groups a heap by the ratio of each group's next
+        # unit (its next key's benefit over the next segment's slope). Slopes never fall along a
+        # group's curve (convex) and its keys come best first, so units leave in the order a
+        # stable sort by ratio gives them. Returns each key's amount taken and `Σ benefit·amount`.
+        no, width = omat.shape
+        ng = mat.shape[0]
         kmax = slope.shape[1]
-        x = np.zeros(benefit.shape[0])
+        x = np.zeros(nkeys)
         load = np.zeros(stage_room.shape[0])
-        flat = np.full(ng * width, -1.0)  # per group and column: the key's benefit
-        keys = np.empty(ng * width, dtype=np.int64)  # per group: its columns, in heap order
-        left = size.copy()
-        for g in range(ng):
-            lo = g * width
-            for i in range(size[g]):
-                flat[lo + i] = benefit[mat[g, i]]
-                keys[lo + i] = i
-            for k in range(size[g] // 2 - 1, -1, -1):
-                _sift(keys, lo, size[g], k, flat[lo : lo + width])
-        nxt = np.zeros(ng, dtype=np.int64)  # the segment each group's next unit would use
+        flat = np.full(no * width, -1.0)  # per list and column: the action's weight
+        heapc = np.empty(no * width, dtype=np.int64)  # per list: its unsorted columns, as a heap
+        done = np.empty(no * width, dtype=np.int64)  # per list: its columns popped so far, in order
+        n_heap = osize.copy()
+        n_done = np.zeros(no, dtype=np.int64)
+        for o in range(no):
+            lo = o * width
+            for i in range(osize[o]):
+                flat[lo + i] = p[omat[o, i]]
+                heapc[lo + i] = i
+            for k in range(osize[o] // 2 - 1, -1, -1):
+                _sift(heapc, lo, osize[o], k, flat[lo : lo + width])
+
+        nxt = np.zeros(ng, dtype=np.int64)  # units taken: also the rank of the group's next key
         ratio = np.empty(ng)
         unit = np.empty(ng, dtype=np.int64)
+        col = np.full(ng, -1, dtype=np.int64)  # the column of each group's next key
         heap = np.empty(ng, dtype=np.int64)
-        n_heap = 0
+        n_groups = 0
         for g in range(ng):
-            if left[g] == 0 or kmax == 0:
+            if kmax == 0:
+                break
+            o = group_order[g]
+            lo = o * width
+            if n_done[o] == 0 and n_heap[o] > 0:  # the list's best column, popped once
+                done[lo] = heapc[lo]
+                n_done[o] = 1
+                n_heap[o] -= 1
+                heapc[lo] = heapc[lo + n_heap[o]]
+                _sift(heapc, lo, n_heap[o], 0, flat[lo : lo + width])
+            if n_done[o] == 0:
                 continue
-            top = flat[g * width + keys[g * width]]
+            c = done[lo]
+            col[g] = c
+            top = flat[lo + c] * group_c[g]
             sl = slope[g, 0]
             ratio[g] = -1.0 if top <= 0.0 else (top / sl if sl > 0.0 else np.inf)
             unit[g] = g * kmax
-            heap[n_heap] = g
-            _up(heap, n_heap, ratio, unit)
-            n_heap += 1
+            heap[n_groups] = g
+            _up(heap, n_groups, ratio, unit)
+            n_groups += 1
         value = 0.0
-        while n_heap > 0:
+        while n_groups > 0:
             g = heap[0]
             if ratio[g] <= 0.0 or room <= 0.0:
                 break
             s = group_stage[g]
             more = False
             if load[s] + group_share[g] <= stage_room[s]:  # else no later unit of g fits either
-                lo = g * width
+                o = group_order[g]
+                lo = o * width
                 j = nxt[g]
                 amount = 1.0
                 if slope[g, j] > 0.0:
                     amount = min(1.0, room / slope[g, j])
                     room -= amount * slope[g, j]
-                col = keys[lo]
-                x[mat[g, col]] = amount
-                value += flat[lo + col] * amount
+                c = col[g]
+                x[mat[g, c]] = amount
+                value += flat[lo + c] * group_c[g] * amount
                 load[s] += amount * group_share[g]
-                n = left[g] - 1
-                left[g] = n
-                keys[lo] = keys[lo + n]
-                _sift(keys, lo, n, 0, flat[lo : lo + width])
-                nxt[g] = j + 1
-                if n > 0 and j + 1 < kmax:
-                    top = flat[lo + keys[lo]]
-                    sl = slope[g, j + 1]
-                    ratio[g] = -1.0 if top <= 0.0 else (top / sl if sl > 0.0 else np.inf)
-                    unit[g] = g * kmax + j + 1
-                    more = True
+                j += 1
+                nxt[g] = j
+                if j < kmax:
+                    if n_done[o] == j and n_heap[o] > 0:  # extend the list's sorted prefix
+                        done[lo + j] = heapc[lo]
+                        n_done[o] = j + 1
+                        n_heap[o] -= 1
+                        heapc[lo] = heapc[lo + n_heap[o]]
+                        _sift(heapc, lo, n_heap[o], 0, flat[lo : lo + width])
+                    if j < n_done[o]:
+                        c = done[lo + j]
+                        col[g] = c
+                        top = flat[lo + c] * group_c[g]
+                        sl = slope[g, j]
+                        ratio[g] = -1.0 if top <= 0.0 else (top / sl if sl > 0.0 else np.inf)
+                        unit[g] = g * kmax + j
+                        more = True
             if not more:
-                n_heap -= 1
-                heap[0] = heap[n_heap]
-            _down(heap, n_heap, ratio, unit)
+                n_groups -= 1
+                heap[0] = heap[n_groups]
+            _down(heap, n_groups, ratio, unit)
         return x, value
 
     return soft_forward, soft_backward, knapsack
@@ -283,7 +322,7 @@ def load_relax_passes() -> None:
     bwd(start, end, span, ptr, none, lag, sinks, 1.0)
     one = np.ones(1)
     mat, size = np.zeros((1, 1), dtype=np.int64), np.ones(1, dtype=np.int64)
-    knap(one, mat, size, np.ones((1, 1)), sinks, one, 1.0, one)
+    knap(one, mat, size, sinks, one, mat, 1, np.ones((1, 1)), sinks, one, 1.0, one)
 
 
 class _Knapsack:
@@ -318,6 +357,18 @@ class _Knapsack:
         self.key_act = np.array([timer.idx[a] for a, _ in self.keys], dtype=np.int64)
         self.key_c = np.array([dag.group_cost[a.stage][g] for a, g in self.keys], dtype=float)
         self.size = np.array([len(by_group[sg]) for sg in groups], dtype=np.int64)
+        # groups with the same actions in the same order (a stage's groups) share one order list
+        lists: dict[tuple[int, ...], int] = {}
+        self.group_order = np.empty(ng, dtype=np.int64)
+        for i in range(ng):
+            acts = tuple(self.key_act[self.mat[i, : self.size[i]]].tolist())
+            self.group_order[i] = lists.setdefault(acts, len(lists))
+        self.omat = np.full((len(lists), width), -1, dtype=np.int64)  # action positions; −1 pads
+        self.osize = np.zeros(len(lists), dtype=np.int64)
+        for acts, o in lists.items():
+            self.omat[o, : len(acts)] = acts
+            self.osize[o] = len(acts)
+        self.group_c = np.array([dag.group_cost[s][g] for s, g in groups], dtype=float)
         self.slope = slope
         self.room = budget - loss0
         stages = sorted({s for s, _ in groups})
@@ -331,8 +382,8 @@ class _Knapsack:
         """For action weights `p`: the best plan within budget and caps, its value, and the best
         value without stage caps (at least as large: what the bound needs)."""
         _, _, knapsack = _passes()
-        benefit = p[self.key_act] * self.key_c
-        args = (benefit, self.mat, self.size, self.slope, self.group_stage, self.group_share)
+        args: tuple[Any, ...] = (p, self.omat, self.osize, self.group_order, self.group_c)
+        args += (self.mat, len(self.keys), self.slope, self.group_stage, self.group_share)
         x, value = knapsack(*args, self.room, self.capped)
         value_free = value
         if np.isfinite(self.capped).any():

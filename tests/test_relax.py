@@ -216,6 +216,7 @@ def test_the_linear_step_takes_units_in_sorted_order(
     weights go to the earlier microbatches)."""
     m = _model(schedule, 4, 16, 3, 0, budget=0.2, stage_cap=stage_cap)
     ks = _knapsack(m)
+    assert len(ks.osize) == len({s for s, _ in m.by_group})  # a stage's groups share one order
     rng = np.random.default_rng(0)
     for trial in range(60):
         p = rng.random(len(m.timer.order))
@@ -229,6 +230,27 @@ def test_the_linear_step_takes_units_in_sorted_order(
     for sg, keys in m.by_group.items():
         taken = sorted(k[0].microbatch for k in keys if x[ks.keys.index(k)] > 0)
         assert taken == list(range(len(taken))), sg
+
+
+def test_groups_with_different_actions_keep_their_own_order() -> None:
+    """Where a stage's groups do not hold the same actions (not from `_Model`, but allowed), each
+    group's keys are ordered on their own, and the plan is still the sorted greedy's."""
+    m = _model("1F1B", 4, 16, 3, 0, budget=0.2)
+    by_group = {sg: list(keys) for sg, keys in m.by_group.items()}
+    for i, sg in enumerate(sorted(by_group)):
+        if i % 2:
+            del by_group[sg][i % len(by_group[sg])]  # every other group loses one microbatch
+    ks = _Knapsack(
+        m.dag, m.timer, by_group, m.loss, m.kmax, m.opts.budget, m.stage_share, _stage_cap(m.dag, m)
+    )
+    assert len(ks.osize) > len({s for s, _ in by_group})
+    rng = np.random.default_rng(1)
+    for trial in range(40):
+        p = rng.random(len(m.timer.order))
+        if trial % 2:
+            p = np.round(p * 3) / 3
+        x, _, _ = ks.solve(p)
+        np.testing.assert_array_equal(x, _sorted_greedy(ks, p, ks.capped))
 
 
 def _reference_rounding(m: _Model, x: dict, sure: float | None) -> dict:
