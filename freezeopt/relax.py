@@ -173,6 +173,15 @@ def _passes() -> tuple[Any, Any, Any]:
             k = c
 
     @jit
+    def _pop_sorted(heapc, done, n_heap, n_done, o, width, flat):  # list o's best left, sorted on
+        lo = o * width
+        done[lo + n_done[o]] = heapc[lo]
+        n_done[o] += 1
+        n_heap[o] -= 1
+        heapc[lo] = heapc[lo + n_heap[o]]
+        _sift(heapc, lo, n_heap[o], 0, flat[lo : lo + width])
+
+    @jit
     def _up(heap, k, r, u):  # the groups' heap: larger ratio first, then the smaller unit
         while k > 0:
             q = (k - 1) // 2
@@ -251,11 +260,7 @@ def _passes() -> tuple[Any, Any, Any]:
             o = group_order[g]
             lo = o * width
             if n_done[o] == 0 and n_heap[o] > 0:  # the list's best column, popped once
-                done[lo] = heapc[lo]
-                n_done[o] = 1
-                n_heap[o] -= 1
-                heapc[lo] = heapc[lo + n_heap[o]]
-                _sift(heapc, lo, n_heap[o], 0, flat[lo : lo + width])
+                _pop_sorted(heapc, done, n_heap, n_done, o, width, flat)
             if n_done[o] == 0:
                 continue
             c = done[lo]
@@ -290,11 +295,7 @@ def _passes() -> tuple[Any, Any, Any]:
                 nxt[g] = j
                 if j < kmax:
                     if n_done[o] == j and n_heap[o] > 0:  # extend the list's sorted prefix
-                        done[lo + j] = heapc[lo]
-                        n_done[o] = j + 1
-                        n_heap[o] -= 1
-                        heapc[lo] = heapc[lo + n_heap[o]]
-                        _sift(heapc, lo, n_heap[o], 0, flat[lo : lo + width])
+                        _pop_sorted(heapc, done, n_heap, n_done, o, width, flat)
                     if j < n_done[o]:
                         c = done[lo + j]
                         col[g] = c
