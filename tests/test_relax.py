@@ -71,6 +71,41 @@ def _lp(m: _Model) -> float:
     return lp.solve(time_limit=60).t1
 
 
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+def test_the_backward_pass_gives_the_soft_step_times_gradient(schedule: str) -> None:
+    """The weights `p` of the backward pass (from the edge shares the forward pass keeps) are the
+    derivatives of the smoothed step time by each duration (central differences), and the path
+    distribution they describe has a mean length between the step time and its smoothed value.
+    The forward pass gives the same smoothed step time whether it keeps the shares or not."""
+    from freezeopt.relax import _passes
+
+    fwd, bwd, _ = _passes()
+    m = _model(schedule, 3, 6, 1, 0)
+    ptr, src, lag = m.timer._pred
+    n = len(m.timer.order)
+    sinks = np.flatnonzero(np.bincount(src, minlength=n) == 0).astype(np.int64)
+    rng = np.random.default_rng(0)
+    d = m.timer.base * rng.uniform(0.5, 1.5, n)
+    hard = m.timer.times(d)[0]
+    for tau in (0.02 * hard, 0.002 * hard):
+        w = np.empty(len(src))
+        span, _, end = fwd(d, ptr, src, lag, sinks, tau, w)
+        assert fwd(d, ptr, src, lag, sinks, tau, np.empty(0))[0] == span
+        p, elag = bwd(end, span, ptr, src, lag, sinks, tau, w)
+        h = 1e-5 * hard
+        for a in range(n):
+            up, down = d.copy(), d.copy()
+            up[a] += h
+            down[a] -= h
+            slope = (
+                fwd(up, ptr, src, lag, sinks, tau, np.empty(0))[0]
+                - fwd(down, ptr, src, lag, sinks, tau, np.empty(0))[0]
+            ) / (2 * h)
+            assert p[a] == pytest.approx(slope, abs=1e-6), m.timer.order[a]
+        assert hard - 1e-9 <= span
+        assert float(p @ d) + elag <= hard + 1e-9
+
+
 @pytest.mark.parametrize(("schedule", "ranks", "mbs", "groups", "seed"), CASES)
 @pytest.mark.parametrize(("budget", "stage_cap"), [(0.05, None), (0.3, None), (0.3, 0.4)])
 def test_bound_never_exceeds_the_lp_optimum_and_the_plan_keeps_budget_and_caps(
