@@ -15,6 +15,7 @@ from freezeopt.dag import build_dag
 from freezeopt.lp_fast import FastLP
 from freezeopt.relax import Relaxation, _Knapsack, relax
 from freezeopt.sensitivity import estimate_signal
+from freezeopt.simulate import Timer
 from freezeopt.solve import SolveOptions, _Model, _stage_cap
 from tests.conftest import SHAPES, make_profile
 
@@ -72,6 +73,41 @@ def _lp(m: _Model) -> float:
 
 
 @pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+def test_the_soft_passes_edges_leave_every_plans_step_time_as_it_is(schedule: str) -> None:
+    """The edges left out for the soft passes (`_soft_edges`) are implied: over the rest every
+    action ends when it does over all edges, for plans from nothing to everything frozen, with
+    the profile's lags and with random ones; some are left out."""
+    from freezeopt.relax import _soft_edges
+    from freezeopt.simulate import _passes as hard_passes
+
+    m = _model(schedule, 4, 8, 3, 0)
+    forward, _ = hard_passes()
+    rng = np.random.default_rng(0)
+    timer = m.timer
+    for lags in ("profiled", "random"):
+        if lags == "random":  # random lags on all but program-order edges: the lag test counts
+            ptr, src, lag = m.timer._pred
+            timer = Timer(m.dag)
+            at = {
+                a: (r, i) for r, acts in enumerate(m.dag.rank_actions) for i, a in enumerate(acts)
+            }
+            dst = np.repeat(np.arange(len(timer.order)), np.diff(ptr))
+            ru, iu = zip(*(at[timer.order[u]] for u in src), strict=True)
+            rv, iv = zip(*(at[timer.order[v]] for v in dst), strict=True)
+            order = (np.array(ru) == rv) & (np.array(iv) - iu == 1)
+            big = rng.uniform(0, 5 * timer.base.mean(), len(lag))
+            timer._pred = (ptr, src, np.where(order, lag, big))
+        ptr, src, lag = _soft_edges(m.dag, timer)
+        assert len(src) < len(timer._pred[1])
+        for share in (0.0, 0.3, 1.0, *rng.random(5)):
+            pick = rng.random(len(m.keys)) < share
+            plan = {k: float(v) for k, v in zip(m.keys, pick, strict=True)}
+            d = np.maximum(timer.durations(plan), 0.0)
+            _, end, _ = forward(d, ptr, src, lag)
+            np.testing.assert_allclose(end, timer.times(d)[2], rtol=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
 def test_the_backward_pass_gives_the_soft_step_times_gradient(schedule: str) -> None:
     """The weights `p` of the backward pass (from the edge shares the forward pass keeps) are the
     derivatives of the smoothed step time by each duration (central differences), and the path
@@ -79,7 +115,7 @@ def test_the_backward_pass_gives_the_soft_step_times_gradient(schedule: str) -> 
     The forward pass gives the same smoothed step time whether it keeps the shares or not."""
     from freezeopt.relax import _passes
 
-    fwd, bwd, _, _ = _passes()
+    fwd, bwd, *_ = _passes()
     m = _model(schedule, 3, 6, 1, 0)
     ptr, src, lag = m.timer._pred
     n = len(m.timer.order)
