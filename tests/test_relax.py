@@ -110,36 +110,60 @@ def test_the_soft_passes_edges_leave_every_plans_step_time_as_it_is(schedule: st
 @pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
 def test_the_backward_pass_gives_the_soft_step_times_gradient(schedule: str) -> None:
     """The weights `p` of the backward pass (from the edge shares the forward pass keeps) are the
-    derivatives of the smoothed step time by each duration (central differences), and the path
-    distribution they describe has a mean length between the step time and its smoothed value.
-    The forward pass gives the same smoothed step time whether it keeps the shares or not."""
-    from freezeopt.relax import _passes
+    derivatives of the smoothed step time by each duration (central differences), over all edges
+    (soft maxima of three terms by `exp` and `log`) and over the kept ones (two terms: the table),
+    and the path distribution they describe has a mean length between the step time and its
+    smoothed value. The forward pass gives the same smoothed step time whether it keeps the shares
+    or not."""
+    from freezeopt.relax import _SOFTPLUS, _passes, _soft_edges
 
     fwd, bwd, *_ = _passes()
     m = _model(schedule, 3, 6, 1, 0)
-    ptr, src, lag = m.timer._pred
-    n = len(m.timer.order)
-    sinks = np.flatnonzero(np.bincount(src, minlength=n) == 0).astype(np.int64)
     rng = np.random.default_rng(0)
+    n = len(m.timer.order)
     d = m.timer.base * rng.uniform(0.5, 1.5, n)
     hard = m.timer.times(d)[0]
-    for tau in (0.02 * hard, 0.002 * hard):
-        w = np.empty(len(src))
-        span, _, end = fwd(d, ptr, src, lag, sinks, tau, w)
-        assert fwd(d, ptr, src, lag, sinks, tau, np.empty(0))[0] == span
-        p, elag = bwd(end, span, ptr, src, lag, sinks, tau, w)
-        h = 1e-5 * hard
-        for a in range(n):
-            up, down = d.copy(), d.copy()
-            up[a] += h
-            down[a] -= h
-            slope = (
-                fwd(up, ptr, src, lag, sinks, tau, np.empty(0))[0]
-                - fwd(down, ptr, src, lag, sinks, tau, np.empty(0))[0]
-            ) / (2 * h)
-            assert p[a] == pytest.approx(slope, abs=1e-6), m.timer.order[a]
-        assert hard - 1e-9 <= span
-        assert float(p @ d) + elag <= hard + 1e-9
+
+    def span(d: np.ndarray, w: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+        kept = np.empty(0) if w is None else w
+        s, _, end = fwd(d, ptr, src, lag, sinks, tau, kept, *_SOFTPLUS)
+        return s, end
+
+    for ptr, src, lag in (m.timer._pred, _soft_edges(m.dag, m.timer)):
+        assert np.diff(ptr).max() == (3 if len(src) == len(m.timer._pred[1]) else 2)
+        sinks = np.flatnonzero(np.bincount(src, minlength=n) == 0).astype(np.int64)
+        for tau in (0.02 * hard, 0.002 * hard):
+            w = np.empty(len(src))
+            t, end = span(d, w)
+            assert span(d)[0] == t
+            p, elag = bwd(end, t, ptr, src, lag, sinks, tau, w)
+            h = 1e-5 * hard
+            for a in range(n):
+                up, down = d.copy(), d.copy()
+                up[a] += h
+                down[a] -= h
+                slope = (span(up)[0] - span(down)[0]) / (2 * h)
+                assert p[a] == pytest.approx(slope, abs=1e-6), m.timer.order[a]
+            assert hard - 1e-9 <= t
+            assert float(p @ d) + elag <= hard + 1e-9
+
+
+def test_the_softplus_table_is_within_its_stated_error() -> None:
+    """The soft maximum's table gives `log(1 + exp(−z))` within 3.2e-10 and the smaller term's
+    share within 3.1e-8 for z from 0 to past its end (0 there), and the share is the slope of the
+    value it gives (central differences)."""
+    from freezeopt.relax import _SOFTPLUS, SOFTPLUS_TO, _passes
+
+    softplus = _passes()[5]
+    for z in np.concatenate([np.linspace(0, SOFTPLUS_TO + 2, 20011), [1e-12, 39.999999]]):
+        f, q = softplus(z, *_SOFTPLUS)
+        want = math.log1p(math.exp(-z)) if z < SOFTPLUS_TO else 0.0
+        share = math.exp(-z) / (1 + math.exp(-z)) if z < SOFTPLUS_TO else 0.0
+        assert abs(f - want) <= 3.2e-10 and abs(q - share) <= 3.1e-8, z
+        if 1e-3 < z < SOFTPLUS_TO - 1e-3:
+            h = 1e-5
+            slope = (softplus(z + h, *_SOFTPLUS)[0] - softplus(z - h, *_SOFTPLUS)[0]) / (2 * h)
+            assert -slope == pytest.approx(q, abs=1e-9), z
 
 
 @pytest.mark.parametrize(("schedule", "ranks", "mbs", "groups", "seed"), CASES)
