@@ -660,6 +660,7 @@ def relax(
         return np.where(x > 1e-9, x, 0.0)
 
     x = np.zeros(len(ks.keys))
+    d = base
     t_free = hard(x)
     best_x, best_t, bound = x, t_free, -math.inf
     if not len(ks.keys) or ks.room <= 0 or t_free <= 0:
@@ -675,21 +676,23 @@ def relax(
         now = time.perf_counter()
         if it and now + (now - t0) / it > deadline:
             break
-        d = durations(x)
+        if it % HARD_EVERY == 0:  # else moved along with x (durations are linear in it)
+            d = durations(x)
         span, _, end = fwd(d, ptr, src, lag, sinks, tau, w, *_SOFTPLUS)
         p, elag = bwd(end, span, ptr, src, lag, sinks, tau, w)
         s, value, value_free = ks.solve(p)
         bound = max(bound, float(p @ base) + elag - value_free)
-        benefit = p[key_act] * key_c
-        gap = value - float(benefit @ x)  # Frank–Wolfe gap of the smoothed problem (≥ 0)
+        # Frank–Wolfe gap of the smoothed problem (≥ 0): `Σ p_a·c_ag·x_ag = p·(D − d)`
+        gap = value - float(p @ (base - d))
         if gap > 1e-12 * t_free:
-            direction = s - x
+            toward = durations(s) - d
             g1 = min(1.0, 2.0 * step)
-            t1 = fwd(durations(x + g1 * direction), ptr, src, lag, sinks, tau, no_w, *_SOFTPLUS)[0]
+            t1 = fwd(d + g1 * toward, ptr, src, lag, sinks, tau, no_w, *_SOFTPLUS)[0]
             curve = t1 - span + gap * g1  # ≥ 0 but for rounding: T_τ is convex
             g = g1 if curve <= 0.0 else min(g1, 0.5 * gap * g1 * g1 / curve)
             if g > 1e-6:
-                x = x + g * direction
+                x = x + g * (s - x)
+                d = d + g * toward
             step = max(g, 1e-6)
         it += 1
         if it == 1:
