@@ -126,12 +126,16 @@ relaxation cut short to get rounded plans around the rank-balanced one (9325.3 m
 plans 0.3–1.4 % slower, the search ended 6.9–7.3 % from the LP bound where the rank-balanced start
 ends 9.0–9.3 %; from 2.6–4.2 % slower, 7.9–9.5 %."""
 RELAX_ITERATIONS = 40
-RELAX_SECONDS_PER_ACTION = 4e-7
+RELAX_SECONDS_PER_ACTION = 1.5e-7
 """The relaxation runs only when its share of the time fits `RELAX_ITERATIONS` iterations at
-`RELAX_SECONDS_PER_ACTION` per action each (measured 0.21–0.29 µs per action with 4 groups from
-32×128 to 64×256, 0.47 µs at 32×128 with 8 groups); fewer would spend the search's time on a
-worse start and a looser bound. A count of actions, not a clock, so the choice does not move with the
-machine's load (the simulator's build time, tried first, varied 0.19–0.62 s at 64×256)."""
+`RELAX_SECONDS_PER_ACTION` per action each (measured in session 15: 0.073–0.083 µs per action
+with 4 groups from 32×128 to 64×256, 0.105 µs at 32×128 with 8 groups; before its passes and
+knapsack got cheaper, 0.21–0.29 and 0.47 µs with 4e-7 here); fewer would spend the search's time
+on a worse start and a looser bound. At 64×256 with `--time-limit 1.3` the relaxation now runs
+(4e-7 skipped it): three fresh runs each, Interleaved1F1B 6.38–6.66 → 2.58–3.46 % from the LP
+bound, 1F1B 5.83–9.30 → 5.73–6.61 %. A count of actions, not a clock, so the choice does not move
+with the machine's load (the simulator's build time, tried first, varied 0.19–0.62 s at
+64×256)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
