@@ -15,9 +15,12 @@ Method: Frank–Wolfe on a smoothed step time. Each maximum of the longest-path 
 soft maximum at temperature `τ` (`start_v = τ·log Σ_u exp((end_u + lag_uv)/τ)`); its gradient
 `∂T_τ/∂d_a = p_a` is the probability that a path drawn from the Gibbs distribution over
 source-to-sink paths (weight `exp(length/τ)`) runs through `a`: one forward and one backward pass
-over the DAG, compiled with numba. The linear step is a fractional knapsack: per group, its
-microbatches with the largest `p_a·c` first; across groups, units by time saved per signal spent
-until the budget is spent (greedily within stage caps). The step length comes from one trial
+over the DAG, compiled with numba, over the edges the LP keeps (`_soft_edges`), with the soft
+maximum of two terms from a table (`SOFTPLUS_KNOTS`). The linear step is a fractional knapsack:
+per group, its microbatches with the largest `p_a·c` first; across groups, units by time saved per
+signal spent until the budget is spent (greedily within stage caps; without them, by a threshold
+on that ratio: `threshold`). At 64×256 an iteration takes about 2.6 ms (session 15; 5.5 ms
+before). The step length comes from one trial
 pass: `T_τ` along the step is taken as the quadratic through its value and slope (`−gap`, the
 Frank–Wolfe gap) at the start and its value at the trial length (twice the last step, at most 1),
 and its minimum within the trial length is the step. Measured against backtracking from the same
