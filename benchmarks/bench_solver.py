@@ -897,7 +897,7 @@ def render(
             "gap = (plan − LP bound) / plan.",
             f"- **heuristic, {TARGET_HEUR['seconds']:g} s limit** — the same with "
             f"`time_limit={TARGET_HEUR['seconds']:g}`, numba's compiled passes loaded before the "
-            "call (about 0.3 s, once per process). The heuristic gives the LP 80 % of its time; "
+            "call (about 0.5 s, once per process). The heuristic gives the LP 80 % of its time; "
             "where the LP's build alone would not fit, or the LP by a floor on its solve time "
             "(`LP_SECONDS_PER_PAIR2`), it skips the LP and searches from the "
             "rank-balanced start (`freezeopt.balance`), status `heuristic_fallback`. LP bound = "
