@@ -66,7 +66,7 @@ def solve_file(
     if opts.mode == "heuristic" or opts.fallback == "heuristic":
         # numba's compiled kernels load from their cache in about 0.5 s: before the solve's clock
         # starts, or a short --time-limit spends it on the relaxation's first iteration (at
-        # 64×256 with 2 s: one iteration and 8.4 % from the LP bound, against 300–400 and ~2 %)
+        # 64×256 with 2 s: one iteration and 7.9 % from the LP optimum, against 300–440 and ~2 %)
         load_passes()
         load_relax_passes()
     result = solve(dag, estimate_signal(profile, opts.sensitivity), opts)
