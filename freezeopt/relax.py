@@ -57,6 +57,7 @@ import numpy as np
 
 from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
+from freezeopt.lp_fast import _rank_prefix
 from freezeopt.simulate import Timer
 
 __all__ = ["Relaxation", "load_relax_passes", "relax"]
@@ -180,7 +181,6 @@ class _Knapsack:
         self.group_stage = np.array([sid[s] for s, _ in groups], dtype=np.int64)
         self.group_share = np.array([stage_share[sg] for sg in groups], dtype=float)
         self.capped = np.full(len(stages), stage_cap)
-        self.uncapped = np.full(len(stages), np.inf)
 
     def solve(self, p: np.ndarray) -> tuple[np.ndarray, float, float]:
         """For action weights `p`: the best plan within budget and caps, its value, and the best
@@ -215,19 +215,11 @@ def _soft_edges(dag: PipelineDag, timer: Timer) -> tuple[np.ndarray, np.ndarray,
     implied = _passes()[4]
     ptr, src, lag = timer._pred
     n = len(timer.order)
-    rank = np.zeros(n, dtype=np.int64)
-    pos = np.zeros(n, dtype=np.int64)
-    pre_at = np.zeros(len(dag.rank_actions), dtype=np.int64)
-    pre = []
-    at = 0
-    for r, acts in enumerate(dag.rank_actions):
-        ii = np.fromiter(map(timer.idx.__getitem__, acts), dtype=np.int64, count=len(acts))
-        rank[ii] = r
-        pos[ii] = np.arange(len(ii))
-        pre_at[r] = at
-        pre.append(np.concatenate(([0.0], np.cumsum(timer.floor[ii]))))
-        at += len(ii) + 1
-    keep = implied(ptr, src, lag, rank, pos, np.concatenate(pre) if pre else np.zeros(0), pre_at)
+    rank, pos, pre = _rank_prefix(dag, timer.idx, timer.floor)
+    pre_at = np.zeros(len(pre), dtype=np.int64)  # where each rank's prefix sums start in `flat`
+    np.cumsum([len(q) for q in pre[:-1]], out=pre_at[1:])
+    flat = np.concatenate(pre) if pre else np.zeros(0)
+    keep = implied(ptr, src, lag, rank, pos, flat, pre_at)
     dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
     out = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst[keep], minlength=n), out=out[1:])
@@ -258,6 +250,7 @@ def relax(
     base = timer.base
     key_act, key_c = ks.key_act, ks.key_c
     w, no_w = np.empty(len(src)), np.empty(0)  # the soft passes' edge weights; none kept
+    table = _softplus()
 
     def durations(x: np.ndarray) -> np.ndarray:
         return base - np.bincount(key_act, weights=key_c * x, minlength=n)
@@ -287,7 +280,7 @@ def relax(
             break
         if it % HARD_EVERY == 0:  # else moved along with x (durations are linear in it)
             d = durations(x)
-        span, _, end = fwd(d, ptr, src, lag, sinks, tau, w, *_softplus())
+        span, _, end = fwd(d, ptr, src, lag, sinks, tau, w, *table)
         p, elag = bwd(end, span, ptr, src, lag, sinks, tau, w)
         s, value, value_free = ks.solve(p)
         bound = max(bound, float(p @ base) + elag - value_free)
@@ -296,7 +289,7 @@ def relax(
         if gap > 1e-12 * t_free:
             toward = durations(s) - d
             g1 = min(1.0, 2.0 * step)
-            t1 = fwd(d + g1 * toward, ptr, src, lag, sinks, tau, no_w, *_softplus())[0]
+            t1 = fwd(d + g1 * toward, ptr, src, lag, sinks, tau, no_w, *table)[0]
             curve = t1 - span + gap * g1  # ≥ 0 but for rounding: T_τ is convex
             g = g1 if curve <= 0.0 else min(g1, 0.5 * gap * g1 * g1 / curve)
             if g > 1e-6:
@@ -333,8 +326,7 @@ def _round(ks: _Knapsack, x: np.ndarray, hard: Callable[[np.ndarray], float]) ->
     rounding down by extent (ties: the earlier microbatch) and each of `ROUND_SURE`; returns the
     plan (0/1 per key) that `hard` times fastest."""
     ng = len(ks.size)
-    cum = np.zeros((ng, ks.slope.shape[1] + 1))  # signal of each count, less the curve's start
-    np.cumsum(ks.slope, axis=1, out=cum[:, 1:])
+    cum = ks.cum  # signal of each count, less the curve's start
     groups = []  # per group: its key positions in step order, their extents, the count, the top n
     for g in range(ng):
         cols = ks.mat[g, : ks.size[g]]
