@@ -6,8 +6,8 @@ wait for Python to start. Requests and answers are pickles over the child's stdi
 child keeps the run's `LpCache`, so each re-plan re-solves the LP warm as before. It runs at lower
 CPU priority (nice +5: on a machine whose cores the ranks keep busy, training gets most of them,
 and a re-plan still lands within a few steps; at +10 it was starved past the end of short test
-runs), loads the compiled simulator passes before the first re-plan and then says it is ready (its
-first message; `ReplanWorker.ready`), and dies with the rank that started it
+runs), loads the compiled simulator and relaxation passes before the first re-plan and then says
+it is ready (its first message; `ReplanWorker.ready`), and dies with the rank that started it
 (`launch.die_with_parent`).
 
 Why not a thread: the heuristic's search is pure Python and holds the GIL, and a rank's training
@@ -160,13 +160,17 @@ def _serve(parent: int, requests: IO[bytes], answers: IO[bytes]) -> None:
     """The child: answer pickled re-plan requests until stdin closes."""
     from freezeopt.launch import die_with_parent
     from freezeopt.lp_fast import LpCache
+    from freezeopt.relax import load_relax_passes
     from freezeopt.replan import replan
     from freezeopt.simulate import load_passes
 
     die_with_parent(parent)
     with contextlib.suppress(OSError):
         os.nice(NICE)
-    load_passes()  # numba, before the first re-plan (at low priority it could take seconds then)
+    # numba, before the first re-plan (at low priority it could take seconds then); the
+    # relaxation's kernels too: a re-plan that cannot fit the LP answers through them
+    load_passes()
+    load_relax_passes()
     cache = LpCache()
     pickle.dump(("ready", None), answers, protocol=pickle.HIGHEST_PROTOCOL)
     answers.flush()
