@@ -379,8 +379,9 @@ def threshold(p, order, omat, group_order, group_c, mat, nkeys, slope, cum, room
                 break
             npos[g] = j + 1
     x = np.zeros(nkeys)
+    saved = np.zeros(p.shape[0])  # per action: the time the plan saves
     if room <= 0.0:
-        return x, 0.0
+        return x, 0.0, saved
     full = npos.copy()  # per group: the units taken whole
     last = -1.0  # the ratio of the units that share what is left, if any
     lo = np.int64(1)  # the least positive double: every positive unit is at or above it
@@ -401,6 +402,7 @@ def threshold(p, order, omat, group_order, group_c, mat, nkeys, slope, cum, room
         o = group_order[g]
         for j in range(full[g]):
             x[mat[g, order[o, j]]] = 1.0
+            saved[omat[o, order[o, j]]] += group_c[g]
             value += val[o, j] * group_c[g]
         room -= cum[g, full[g]]
     if last > 0.0:
@@ -414,9 +416,10 @@ def threshold(p, order, omat, group_order, group_c, mat, nkeys, slope, cum, room
                     amount = min(1.0, room / sl)
                     room -= amount * sl
                 x[mat[g, order[o, j]]] = amount
+                saved[omat[o, order[o, j]]] += group_c[g] * amount
                 value += val[o, j] * group_c[g] * amount
                 j += 1
-    return x, value
+    return x, value, saved
 
 
 @_jit

@@ -241,8 +241,11 @@ def test_the_linear_step_is_the_exact_knapsack(seed: int, stage_cap: float | Non
     rng = np.random.default_rng(seed)
     p = rng.random(len(m.timer.order))
     p[rng.random(len(p)) < 0.3] = 0.0  # off every path: freezing there saves nothing
-    x, value, value_free = ks.solve(p)
+    x, value, value_free, saved = ks.solve(p)
     idx = m.timer.idx
+    # the time saved per action, as the kernel sums it, is the plan's
+    want = np.bincount(ks.key_act, weights=ks.key_c * x, minlength=len(p))
+    np.testing.assert_allclose(saved, want, rtol=1e-12, atol=1e-12)
 
     def lp(capped: bool) -> float:
         prob = pulp.LpProblem("linear_step", pulp.LpMaximize)
@@ -325,11 +328,13 @@ def test_the_linear_step_takes_units_in_sorted_order(
             p = np.round(p * 3) / 3  # many ties
         if trial % 3 == 0:
             p[rng.random(len(p)) < 0.5] = 0.0
-        x, _, _ = ks.solve(p)
+        x, *_, saved = ks.solve(p)
         _assert_same_plan(x, _sorted_greedy(ks, p, ks.capped), exact=stage_cap is not None)
+        want = np.bincount(ks.key_act, weights=ks.key_c * x, minlength=len(p))
+        np.testing.assert_allclose(saved, want, rtol=1e-12, atol=1e-12)
         no_caps = np.full(len(ks.capped), np.inf)
         _assert_same_plan(ks.free(p)[0], _sorted_greedy(ks, p, no_caps), exact=False)
-    x, _, _ = ks.solve(np.ones(len(m.timer.order)))  # all tied: each group's first microbatches
+    x, *_ = ks.solve(np.ones(len(m.timer.order)))  # all tied: each group's first microbatches
     for sg, keys in m.by_group.items():
         taken = sorted(k[0].microbatch for k in keys if x[ks.keys.index(k)] > 0)
         assert taken == list(range(len(taken))), sg
@@ -352,7 +357,7 @@ def test_groups_with_different_actions_keep_their_own_order() -> None:
         p = rng.random(len(m.timer.order))
         if trial % 2:
             p = np.round(p * 3) / 3
-        x, _, _ = ks.solve(p)
+        x, *_ = ks.solve(p)
         _assert_same_plan(x, _sorted_greedy(ks, p, ks.capped), exact=False)
 
 
