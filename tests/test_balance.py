@@ -4,11 +4,14 @@ the exact min–max allocation, and the balanced start keeps the budget and caps
 from __future__ import annotations
 
 import itertools
+import math
+from types import SimpleNamespace
 
+import numpy as np
 import pulp
 import pytest
 
-from freezeopt.balance import rank_bound, rank_needs
+from freezeopt.balance import _rank_pairs, _whole_counts, _whole_counts_loop, rank_bound, rank_needs
 from freezeopt.dag import build_dag
 from freezeopt.lp_fast import FastLP
 from freezeopt.sensitivity import estimate_signal
@@ -101,3 +104,59 @@ def test_balanced_plan_keeps_budget_and_caps_and_shortens_the_step(
     # deterministic: the same inputs, the same plan
     _, again = m.lp_free(0.0)
     assert list(again.items()) == list(plan.items())
+
+
+@pytest.mark.parametrize(("schedule", "ranks", "mbs", "groups", "seed"), CASES)
+@pytest.mark.parametrize("budget", [0.02, 0.1, 1.0])
+def test_whole_counts_on_arrays_are_the_loops(
+    schedule: str, ranks: int, mbs: int, groups: int, seed: int, budget: float
+) -> None:
+    """Without stage caps the start's counts come from sorting units, not a unit at a time: the
+    same counts as the loop on the test profiles."""
+    m = _model(schedule, ranks, mbs, groups, seed, budget=budget, group_cap=0.5)
+    need = rank_needs(m.dag, m.timer)
+    per_rank = _rank_pairs(m.dag, list(m.by_group))
+    args = (m.dag, need, per_rank, m.loss)
+    got = _whole_counts(*args, kmax=m.kmax, budget=budget)
+    want = _whole_counts_loop(
+        *args, kmax=m.kmax, budget=budget, stage_share=m.stage_share, stage_cap=math.inf
+    )
+    assert got == want
+
+
+def test_whole_counts_on_arrays_break_ties_as_the_loop() -> None:
+    """Equal levels, equal costs and equal loss curves everywhere, empty ranks, curves that run
+    out: 300 random instances, the same counts as the loop (and None where a curve is not
+    convex, which only the loop handles)."""
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        n_ranks, kmax = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+        cost: dict[int, list[float]] = {}
+        loss: dict[tuple[int, int], list[float]] = {}
+        per_rank: list[list[tuple[int, int]]] = []
+        stage = 0
+        for _ in range(n_ranks):
+            mine = []
+            for _ in range(int(rng.integers(0, 3))):  # stages on this rank (0: nothing to freeze)
+                ng = int(rng.integers(1, 4))
+                cost[stage] = [float(rng.choice([0.5, 1.0, 2.0])) for _ in range(ng)]
+                for g in range(ng):
+                    # dyadic steps: the curve's differences come back exactly (convex)
+                    steps = np.sort(rng.choice([0.0, 1 / 64, 1 / 32, 1 / 16], size=kmax))
+                    loss[(stage, g)] = np.concatenate(([0.0], np.cumsum(steps))).tolist()
+                    mine.append((stage, g))
+                stage += 1
+            per_rank.append(mine)
+        dag = SimpleNamespace(group_cost=cost)
+        need = rng.choice([3.0, 4.0, 5.0], size=n_ranks)
+        budget = float(rng.choice([0.0, 1 / 32, 0.1, 1.0]))
+        share = dict.fromkeys(loss, 1.0)
+        want = _whole_counts_loop(
+            dag, need, per_rank, loss, kmax=kmax, budget=budget, stage_share=share,
+            stage_cap=math.inf,
+        )  # fmt: skip
+        got = _whole_counts(dag, need, per_rank, loss, kmax=kmax, budget=budget)
+        assert got == want, trial
+    bent = {(0, 0): [0.0, 0.05, 0.06]}  # not convex
+    dag = SimpleNamespace(group_cost={0: [1.0]})
+    assert _whole_counts(dag, np.array([1.0]), [[(0, 0)]], bent, kmax=2, budget=1.0) is None
