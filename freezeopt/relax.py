@@ -19,17 +19,18 @@ over the DAG, compiled with numba, over the edges the LP keeps (`_soft_edges`), 
 maximum of two terms from a table (`relax_kernels.SOFTPLUS`). The linear step is a fractional knapsack:
 per group, its microbatches with the largest `p_a·c` first; across groups, units by time saved per
 signal spent until the budget is spent (greedily within stage caps; without them, by a threshold
-on that ratio: `threshold`). At 64×256 an iteration takes about 2.6 ms (session 15; 5.5 ms before).
-The step length comes from one trial pass: `T_τ` along the step is taken as the quadratic through
-its value and slope (`−gap`, the Frank–Wolfe gap) at the start and its value at the trial length
-(twice the last step, at most 1), and its minimum within the trial length is the step; every other
-iteration takes the last trial's curvature instead, without a pass (`TRIAL_EVERY`). Measured
-against backtracking from the same trial length (halving until half the predicted decrease: about
-2.1 trial passes an iteration), `freezeopt.solve`'s `heuristic` at 64×256 in fresh processes, gap
-to the LP optimum (medians): with 2 s (five runs each, every run better) 1F1B 5.98 → 5.50 %,
-Interleaved1F1B 3.16 → 2.58 %; with 10 s (three each) Interleaved1F1B 1.21 → 1.01 % but 1F1B 3.43 →
-3.65 % (its fractional plan is closer, its rounded plan about 0.3 % slower); at 32×128 with 2 s
-within the spread. `τ` falls geometrically from 1 % to 0.01 % of the unfrozen step time.
+on that ratio: `threshold`). At 64×256 an iteration takes about 2.2–2.5 ms (session 16; 2.6 ms in
+session 15, 5.5 ms before). The step length comes from one trial pass: `T_τ` along the step is
+taken as the quadratic through its value and slope (`−gap`, the Frank–Wolfe gap) at the start and
+its value at the trial length (twice the last step, at most 1), and its minimum within the trial
+length is the step; every other iteration takes the last trial's curvature instead, without a pass
+(`TRIAL_EVERY`). Measured against backtracking from the same trial length (halving until half the
+predicted decrease: about 2.1 trial passes an iteration), `freezeopt.solve`'s `heuristic` at 64×256
+in fresh processes, gap to the LP optimum (medians): with 2 s (five runs each, every run better)
+1F1B 5.98 → 5.50 %, Interleaved1F1B 3.16 → 2.58 %; with 10 s (three each) Interleaved1F1B 1.21 →
+1.01 % but 1F1B 3.43 → 3.65 % (its fractional plan is closer, its rounded plan about 0.3 % slower);
+at 32×128 with 2 s within the spread. `τ` falls geometrically from 1 % to 0.01 % of the unfrozen
+step time.
 
 The bound holds at every iteration, for any `τ`: for a distribution `π` over paths with action
 marginals `p` and edge marginals `q`, every plan has `T(x) ≥ Σ_P π_P·len_P(x) = Σ_a p_a·D_a +
