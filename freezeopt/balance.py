@@ -138,14 +138,10 @@ def balanced_plan(
     docstring. `need` is `rank_needs`; `stage_cap` bounds a stage's frozen microbatches weighted
     by `stage_share` (inf: none). Within budget and caps by construction."""
     per_rank = _rank_pairs(dag, list(by_group))
-    counts = None
-    if math.isinf(stage_cap):
-        counts = _whole_counts(dag, need, per_rank, loss, kmax=kmax, budget=budget)
-    if counts is None:
-        counts = _whole_counts_loop(
-            dag, need, per_rank, loss, kmax=kmax, budget=budget, stage_share=stage_share,
-            stage_cap=stage_cap,
-        )  # fmt: skip
+    counts = _whole_counts(
+        dag, need, per_rank, loss, kmax=kmax, budget=budget, stage_share=stage_share,
+        stage_cap=stage_cap,
+    )  # fmt: skip
     in_order = {
         sg: sorted(keys, key=lambda k: (k[0].microbatch, k[0].kind))
         for sg, keys in sorted(by_group.items())
@@ -160,7 +156,7 @@ def balanced_plan(
     return best_plan
 
 
-def _whole_counts_loop(
+def _whole_counts(
     dag: PipelineDag,
     need: np.ndarray,
     per_rank: Sequence[Sequence[tuple[int, int]]],
@@ -170,10 +166,16 @@ def _whole_counts_loop(
     budget: float,
     stage_share: Mapping[tuple[int, int], float],
     stage_cap: float,
+    sort: bool = True,
 ) -> dict[tuple[int, int], int]:
     """The start's group counts, a unit at a time: the highest rank (ties: the lower rank) takes
     its unit with the least signal per ms saved (ties: the group first in stage, group order),
-    until that unit does not fit the budget or the rank has none left."""
+    until that unit does not fit the budget or the rank has none left. Without stage caps the
+    same counts come from sorting (`_sorted_counts`; `sort=False` runs the loop anyway)."""
+    if sort and math.isinf(stage_cap):
+        counts = _sorted_counts(dag.group_cost, need, per_rank, loss, kmax, budget)
+        if counts is not None:
+            return counts
     level = need.copy()
     counts = {sg: 0 for sgs in per_rank for sg in sgs}
     per_stage: dict[int, float] = {}
@@ -202,29 +204,28 @@ def _whole_counts_loop(
     return counts
 
 
-def _whole_counts(
-    dag: PipelineDag,
+def _sorted_counts(
+    group_cost: Sequence[Sequence[float]],
     need: np.ndarray,
     per_rank: Sequence[Sequence[tuple[int, int]]],
     loss: Loss,
-    *,
     kmax: int,
     budget: float,
 ) -> dict[tuple[int, int], int] | None:
-    """`_whole_counts_loop` without stage caps, on arrays (at 64×256 the loop took 0.1 s of a
+    """`_whole_counts`'s loop without stage caps, on arrays (at 64×256 the loop took 0.1 s of a
     2 s solve). Each rank's units come in a fixed order (its groups' loss curves are convex, so a
     group's ratios only rise: a stable sort by ratio), and the loop takes units in the order of
     the rank's level before each (highest first, ties to the lower rank), so the same counts come
     from sorting every unit by that level and stopping at the first unit that does not fit the
     budget or the first rank left without units. The levels and the signal are summed in the
-    loop's order, so the comparisons are the loop's. None where a ratio is not finite and
-    positive-cost (the loop's comparisons decide those)."""
+    loop's order, so the comparisons are the loop's. None (the loop decides) where a group's cost
+    is not positive, its curve is shorter than `kmax` units or not convex, or a ratio not finite."""
     lv, rk, sq, sig, grp = [], [], [], [], []
     pairs: list[tuple[int, int]] = []
     for r, sgs in enumerate(per_rank):
-        ratio, gain, step, who, nth = [], [], [], [], []
+        ratio, gain, step, who = [], [], [], []
         for s, g in sgs:
-            c = float(dag.group_cost[s][g])
+            c = float(group_cost[s][g])
             steps = np.diff(np.asarray(loss[(s, g)][: kmax + 1], dtype=float))
             if c <= 0 or len(steps) < kmax or np.any(np.diff(steps) < 0):
                 return None  # (a curve that is not convex: its ratios do not only rise)
@@ -232,7 +233,6 @@ def _whole_counts(
             gain.append(np.full(kmax, c))
             step.append(steps)
             who.append(np.full(kmax, len(pairs)))
-            nth.append(np.arange(kmax))
             pairs.append((s, g))
         if not ratio:
             lv.append(np.array([need[r]]))  # a rank with nothing to freeze: it stops the loop

@@ -11,7 +11,7 @@ import numpy as np
 import pulp
 import pytest
 
-from freezeopt.balance import _rank_pairs, _whole_counts, _whole_counts_loop, rank_bound, rank_needs
+from freezeopt.balance import _rank_pairs, _sorted_counts, _whole_counts, rank_bound, rank_needs
 from freezeopt.dag import build_dag
 from freezeopt.lp_fast import FastLP
 from freezeopt.sensitivity import estimate_signal
@@ -116,11 +116,11 @@ def test_whole_counts_on_arrays_are_the_loops(
     m = _model(schedule, ranks, mbs, groups, seed, budget=budget, group_cap=0.5)
     need = rank_needs(m.dag, m.timer)
     per_rank = _rank_pairs(m.dag, list(m.by_group))
-    args = (m.dag, need, per_rank, m.loss)
-    got = _whole_counts(*args, kmax=m.kmax, budget=budget)
-    want = _whole_counts_loop(
-        *args, kmax=m.kmax, budget=budget, stage_share=m.stage_share, stage_cap=math.inf
-    )
+    got = _sorted_counts(m.dag.group_cost, need, per_rank, m.loss, m.kmax, budget)
+    want = _whole_counts(
+        m.dag, need, per_rank, m.loss, kmax=m.kmax, budget=budget, stage_share=m.stage_share,
+        stage_cap=math.inf, sort=False,
+    )  # fmt: skip
     assert got == want
 
 
@@ -151,12 +151,10 @@ def test_whole_counts_on_arrays_break_ties_as_the_loop() -> None:
         need = rng.choice([3.0, 4.0, 5.0], size=n_ranks)
         budget = float(rng.choice([0.0, 1 / 32, 0.1, 1.0]))
         share = dict.fromkeys(loss, 1.0)
-        want = _whole_counts_loop(
+        want = _whole_counts(
             dag, need, per_rank, loss, kmax=kmax, budget=budget, stage_share=share,
-            stage_cap=math.inf,
+            stage_cap=math.inf, sort=False,
         )  # fmt: skip
-        got = _whole_counts(dag, need, per_rank, loss, kmax=kmax, budget=budget)
-        assert got == want, trial
+        assert _sorted_counts(cost, need, per_rank, loss, kmax, budget) == want, trial
     bent = {(0, 0): [0.0, 0.05, 0.06]}  # not convex
-    dag = SimpleNamespace(group_cost={0: [1.0]})
-    assert _whole_counts(dag, np.array([1.0]), [[(0, 0)]], bent, kmax=2, budget=1.0) is None
+    assert _sorted_counts({0: [1.0]}, np.array([1.0]), [[(0, 0)]], bent, 2, 1.0) is None
