@@ -177,6 +177,7 @@ class _Knapsack:
             curve = np.asarray(loss[sg][: kmax + 1], dtype=float)
             slope[i, : len(curve) - 1] = np.diff(curve)
             loss0 += float(curve[0])
+        self.n_actions = len(timer.order)
         self.key_act = np.array([timer.idx[a] for a, _ in self.keys], dtype=np.int64)
         self.key_c = np.array([dag.group_cost[a.stage][g] for a, g in self.keys], dtype=float)
         self.size = np.array([len(by_group[sg]) for sg in groups], dtype=np.int64)
@@ -213,8 +214,11 @@ class _Knapsack:
         args: tuple[Any, ...] = (p, self.omat, self.osize, self.group_order, self.group_c)
         args += (self.mat, len(self.keys), self.slope, self.group_stage, self.group_share)
         x, value = knapsack(*args, self.room, self.capped)
-        saved = np.bincount(self.key_act, weights=self.key_c * x, minlength=len(p))
-        return x, value, value_free, saved
+        return x, value, value_free, self.saved(x)
+
+    def saved(self, x: np.ndarray) -> np.ndarray:
+        """Per action, the time plan `x` saves: `Σ_g c_ag·x_ag`."""
+        return np.bincount(self.key_act, weights=self.key_c * x, minlength=self.n_actions)
 
     def free(self, p: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
         """The best plan, its value and the time it saves per action without stage caps, by
@@ -272,12 +276,11 @@ def relax(
     n = len(timer.order)
     sinks = np.flatnonzero(np.bincount(src, minlength=n) == 0).astype(np.int64)
     base = timer.base
-    key_act, key_c = ks.key_act, ks.key_c
     w, no_w = np.empty(len(src)), np.empty(0)  # the soft passes' edge weights; none kept
     table = _softplus()
 
     def durations(x: np.ndarray) -> np.ndarray:
-        return base - np.bincount(key_act, weights=key_c * x, minlength=n)
+        return base - ks.saved(x)
 
     def hard(x: np.ndarray) -> float:
         return timer.times(np.maximum(durations(x), 0.0))[0]
