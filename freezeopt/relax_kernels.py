@@ -4,25 +4,18 @@ What: the numba functions `freezeopt.relax` runs each iteration, and the constan
 them. Why a module of their own: numba caches a compiled function on disk only when the
 functions it calls are module-level; defined inside a function (as they were, so that importing
 `freezeopt.relax` does not import numba), every process compiled them again — 2.2 s at session
-14's end, 6.8 s with session 15's kernels, against 0.3 s to load them from the cache. This module
-imports numba; `freezeopt.relax` imports it on first use.
+14's end, 6.8 s with session 15's kernels, against 0.3 s to load them from the cache. Importing
+this module imports numba (its decorator is `freezeopt.simulate.jit`'s); `freezeopt.relax` imports
+it on first use.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
-from numba import njit
 
-
-def _jit(fn: Any) -> Any:
-    try:
-        return njit(cache=True)(fn)
-    except RuntimeError:  # no cache location: compile in each process
-        return njit(fn)
-
+from freezeopt.simulate import jit as _jit
 
 NEGLIGIBLE = -40.0
 """Soft-max terms `exp(z)` with `z` at or below this are skipped (`exp(−40) ≈ 4e-18`). Forward,

@@ -42,17 +42,20 @@ class Timeline:
     critical_path: tuple[Action, ...]
 
 
-@functools.cache
-def _passes() -> tuple[Any, Any]:
-    """The compiled forward and backward passes (numba is imported on first use, not with
-    freezeopt: most commands never time a DAG)."""
+def jit(fn: Any) -> Any:
+    """`fn` compiled by numba and cached on disk (numba imported here, on first use, not with
+    freezeopt: most commands never time a DAG). The relaxation's kernels use it too."""
     from numba import njit
 
-    def jit(fn: Any) -> Any:
-        try:
-            return njit(cache=True)(fn)
-        except RuntimeError:  # nowhere to write the cache (read-only install and home): compile
-            return njit(fn)  # in each process instead, about a second
+    try:
+        return njit(cache=True)(fn)
+    except RuntimeError:  # nowhere to write the cache (read-only install and home): compile
+        return njit(fn)  # in each process instead, about a second
+
+
+@functools.cache
+def _passes() -> tuple[Any, Any]:
+    """The compiled forward and backward passes."""
 
     @jit
     def forward(d, ptr, src, lag):
