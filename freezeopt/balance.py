@@ -244,9 +244,8 @@ def _sorted_counts(
         rt = np.concatenate(ratio)
         if not np.all(np.isfinite(rt)):
             return None
-        order = np.argsort(
-            rt, kind="stable"
-        )  # groups in stage, group order; a group's units in order
+        # stable: ties to the groups in stage, group order, a group's units in order
+        order = np.argsort(rt, kind="stable")
         cut = np.concatenate(gain)[order]
         # the level before each unit, and after the last (where the rank has none left)
         before = np.subtract.accumulate(np.concatenate(([need[r]], cut)))
