@@ -103,11 +103,15 @@ LP_FLOOR_SHARE = 0.5
 time it would get: the floor is 1.5–2.8× under the solves measured, so past half the share the LP
 would most likely not finish (64×256 at the default 60 s: floor 40 s, LP 66–113 s here), and the
 time is better spent without it. 32×128 at 10 s (floor 2.5 s, LP 4.2–6.3 s) still tries it."""
-RELAX_ABOVE_GAP = 0.03
+RELAX_ABOVE_GAP = 0.001
 """The relaxation runs only when the rank-balanced start is proven further than this from the
-rank-load bound: where that start is already close (ZBV: 2.2–2.3 % at 32×128 and 64×256, with a
-bound 0.16 % under the LP's), the search's time is worth more (measured at ZBV 32×128 with a 2 s
-limit: 0.41 % from the LP bound with the relaxation, 0.12 % without)."""
+rank-load bound: where it is proven optimal, or all but, the search's time is worth more. Until
+session 17 this was 3 %, which kept the relaxation off ZBV (its start proven 2.2–2.3 % from the
+rank-load bound at 32×128 and 64×256): there it then lost to the search alone (ZBV 32×128 with
+2 s: 0.41 % from the LP bound with it, 0.12 % without). With the gradients' moving average
+(`freezeopt.relax.MOMENTUM`) it wins, measured side by side (two runs each, gap to the LP
+optimum): ZBV 64×256 with 2 s 0.90–0.93 → 0.35–0.43 %, with 10 s 0.33 → 0.08 %; 32×128 with 2 s
+0.13 → 0.07 %."""
 RELAX_SHARE = 0.6
 """Share of the time left that the first-order relaxation (`freezeopt.relax`) gets when the
 answer comes without the LP, rounding its plan included; the search has the rest. Measured
