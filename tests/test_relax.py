@@ -200,7 +200,7 @@ def test_given_iterations_it_closes_on_the_lp_optimum(schedule: str) -> None:
 @pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
 def test_a_hundred_iterations_take_nearly_all_of_the_lp_speed_up(schedule: str) -> None:
     """The step length minimises `T_τ` along each step: after 100 iterations the fractional plan
-    misses under 5 % of the LP's speed-up (measured 0.50, 2.58, 2.07 % with the gradients' moving
+    misses under 3.5 % of the LP's speed-up (measured 0.50, 2.58, 2.07 % with the gradients' moving
     average, `relax.MOMENTUM`; before it, 1.5, 4.65, 3.7 % with a trial pass every other iteration,
     `relax.TRIAL_EVERY`; 1.4, 3.3, 3.4 % with one every iteration, 1.6, 6.2, 4.5 % with the untried
     steps capped at twice the last instead of once; backtracking took 1.8, 3.2, 5.8 %, and steps a
@@ -208,7 +208,7 @@ def test_a_hundred_iterations_take_nearly_all_of_the_lp_speed_up(schedule: str) 
     m = _model(schedule, 4, 16, 3, 0, budget=0.1)
     t_lp, base = _lp(m), m.makespan({})
     r = _relax(m, 100)
-    assert r.makespan - t_lp <= 0.05 * (base - t_lp)
+    assert r.makespan - t_lp <= 0.035 * (base - t_lp)
 
 
 def test_the_same_iterations_give_the_same_answer() -> None:

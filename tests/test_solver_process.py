@@ -112,3 +112,32 @@ def test_worker_runs_at_lower_priority() -> None:
             time.sleep(0.05)
     finally:
         w.close()
+
+
+def test_the_child_loads_the_compiled_passes_before_it_says_ready() -> None:
+    """`_serve` (the child's body) loads the simulator's and the relaxation's numba passes before
+    its first message, so a re-plan that answers without the LP does not pay for loading them
+    (about 0.5 s from numba's cache, seconds to compile) inside its time limit. Run in a process
+    of its own (the child lowers its priority), with no requests: it says ready and returns."""
+    import subprocess
+    import sys
+
+    code = """
+import io, os, pickle, sys
+import freezeopt.relax as relax, freezeopt.simulate as simulate
+from freezeopt.solver_process import _serve
+out = io.BytesIO()
+_serve(os.getppid(), io.BytesIO(b""), out)
+out.seek(0)
+first = pickle.load(out)
+kernels = (*simulate._passes(), *relax._passes()[:5])  # softplus: called inside them
+loaded = [len(f.signatures) > 0 for f in kernels]
+print(first[0], len(loaded), all(loaded))
+"""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ready", "7", "True"]
