@@ -14,7 +14,13 @@ the LP was re-solved warm (from 10 000 actions a warm phase 1 that runs out of i
 solved cold by interior point, and so are the run's later re-solves), the new plan's predicted
 step time, and the LP bound of both (they must agree: the warm re-solve is exact).
 
+A third arm, `short`, re-plans the same costs with a short time limit (`--short-limit`, 2 s;
+what `freezeopt train --replan-time-limit 2` does): from 32×128 the LP does not fit in it, and
+the re-plan answers without it (the first-order relaxation and the search, `freezeopt.relax`).
+Its plan's gap is against the warm arm's LP bound (exact for the same costs).
+
 Usage: .venv/bin/python benchmarks/bench_replan_scale.py [--cases 1F1B:32x128,...] [--replans 4]
+       [--short-limit 2]
 """
 
 from __future__ import annotations
@@ -78,7 +84,11 @@ def _case(text: str) -> tuple[str, int, int]:
     return name, int(st), int(mb)
 
 
-def run_case(name: str, stages: int, mb: int, replans: int, groups: int, work: Path) -> list[dict]:
+def run_case(
+    name: str, stages: int, mb: int, replans: int, groups: int, work: Path, short: float
+) -> list[dict]:
+    import dataclasses
+
     from freezeopt.dag import build_dag
     from freezeopt.profile_file import profile_sha256, save_profile
     from freezeopt.replan import ReplanSpec, replan
@@ -104,12 +114,18 @@ def run_case(name: str, stages: int, mb: int, replans: int, groups: int, work: P
             cache = run_cache if arm == "warm" else TimedCache()
             out = replan(spec, sched, measured, step=r, reason="every", lp_cache=cache)
             got[arm] = (out, cache.log[-1])
+        if short > 0:
+            quick = dataclasses.replace(spec, time_limit=short)
+            got["short"] = replan(
+                quick, sched, measured, step=r, reason="every", lp_cache=LpCache()
+            )
         rows.append({"replan": r, "dear": dear, **got})
         out_w = got["warm"][0]
         print(
             f"  {name} {stages}x{mb} re-plan {r}: warm {out_w.solve_s:.2f} s "
             f"({'warm' if got['warm'][1]['warm'] else 'cold'} LP {got['warm'][1]['s']:.2f} s), "
-            f"cold {got['cold'][0].solve_s:.2f} s (LP {got['cold'][1]['s']:.2f} s)",
+            f"cold {got['cold'][0].solve_s:.2f} s (LP {got['cold'][1]['s']:.2f} s)"
+            + (f", short {got['short'].solve_s:.2f} s" if "short" in got else ""),
             file=sys.stderr,
             flush=True,
         )
@@ -118,7 +134,12 @@ def run_case(name: str, stages: int, mb: int, replans: int, groups: int, work: P
     return rows
 
 
+def _gap(plan_ms: float, bound_ms: float) -> float:
+    return (plan_ms - bound_ms) / plan_ms * 100
+
+
 def render(results: dict[str, list[dict]], args: argparse.Namespace, meta: dict[str, Any]) -> str:
+    short = args.short_limit > 0
     L = [
         "# Re-plan solve time at scale: warm LP against cold",
         "",
@@ -136,22 +157,36 @@ def render(results: dict[str, list[dict]], args: argparse.Namespace, meta: dict[
         "`warm` keeps one `LpCache` over the run's re-plans, `cold` solves each from a fresh model",
         "",
         "| case | re-plan | stages 5 % dearer | re-plan s warm / cold | LP s warm / cold "
-        "| LP pivots warm / cold | LP warm? | predicted ms warm / cold | LP bound ms warm / cold |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| LP pivots warm / cold | LP warm? | predicted ms warm / cold | LP bound ms warm / cold |"
+        + (
+            f" {args.short_limit:g} s limit: re-plan s, predicted ms (gap), status |"
+            if short
+            else ""
+        ),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if short else ""),
     ]
     speed: list[str] = []
+    quick: list[str] = []
     for case, rows in results.items():
-        ws, cs = [], []
+        ws, cs, gw, gq, sq = [], [], [], [], []
         for row in rows:
             (ow, lw), (oc, lc) = row["warm"], row["cold"]
             dear = ", ".join(map(str, row["dear"]))
+            cell = ""
+            if short:
+                oq = row["short"]
+                gap = _gap(oq.new_predicted_ms, lw["t1"])
+                cell = f" {_s(oq.solve_s)}, {oq.new_predicted_ms:.1f} ({gap:.2f} %), {oq.status} |"
+                gq.append(gap)
+                gw.append(_gap(ow.new_predicted_ms, lw["t1"]))
+                sq.append(oq.solve_s)
             L.append(
                 f"| {case} | {row['replan']} | {dear} | {_s(ow.solve_s)} / {_s(oc.solve_s)} "
                 f"| {_s(lw['s'])} / {_s(lc['s'])} "
                 f"| {lw['pivots'][0]}+{lw['pivots'][1]} / {lc['pivots'][0]}+{lc['pivots'][1]} "
                 f"| {_warm_cell(lw)} "
                 f"| {ow.new_predicted_ms:.1f} / {oc.new_predicted_ms:.1f} "
-                f"| {lw['t1']:.4f} / {lc['t1']:.4f} |"
+                f"| {lw['t1']:.4f} / {lc['t1']:.4f} |" + cell
             )
             if row["replan"] > 0:
                 ws.append(lw["s"])
@@ -161,7 +196,16 @@ def render(results: dict[str, list[dict]], args: argparse.Namespace, meta: dict[
                 f"- {case}: the warm arm's LP took {_s(min(ws))}–{_s(max(ws))} s against "
                 f"{_s(min(cs))}–{_s(max(cs))} s cold (in all, cold ÷ warm = {sum(cs) / sum(ws):.1f})"
             )
+        if sq:
+            quick.append(
+                f"- {case}: re-plans of {_s(min(sq))}–{_s(max(sq))} s, plans "
+                f"{min(gq):.2f}–{max(gq):.2f} % from the LP bound (warm arm: "
+                f"{min(gw):.2f}–{max(gw):.2f} %, in {_s(min(r['warm'][0].solve_s for r in rows))}"
+                f"–{_s(max(r['warm'][0].solve_s for r in rows))} s)"
+            )
     L += ["", "Warm against cold, re-plans after the first (LP time):", "", *speed, ""]
+    if quick:
+        L += [f"With a {args.short_limit:g} s limit (every re-plan):", "", *quick, ""]
     L += [
         "Caveats: single measurements on a shared 2-core machine (see the load average); the "
         "warm and cold solves of one re-plan run one after the other in one process. Predicted "
@@ -186,6 +230,9 @@ def main() -> int:
     ap.add_argument("--cases", default=DEFAULT_CASES, help="SCHEDULE:STAGESxMICROBATCHES, ...")
     ap.add_argument("--replans", type=int, default=4, help="Re-plans per run (the first is cold).")
     ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument(
+        "--short-limit", type=float, default=2.0, help="Time limit of the short arm (0: none)."
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "replan_scale.md")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -198,7 +245,7 @@ def main() -> int:
             name, st, mb = _case(text.strip())
             print(f"{name} {st}x{mb}", file=sys.stderr, flush=True)
             results[f"{name} {st}×{mb}"] = run_case(
-                name, st, mb, args.replans, args.groups, Path(d)
+                name, st, mb, args.replans, args.groups, Path(d), args.short_limit
             )
     meta = {
         "command": command,
