@@ -41,8 +41,9 @@ def test_short_replan_bench_writes_its_table(tmp_path: Path) -> None:
 
 
 def test_replan_scale_bench_writes_its_table(tmp_path: Path) -> None:
-    """`benchmarks/bench_replan_scale.py` on tiny cases: warm re-plans after the first, and warm
-    and cold LP bounds agree in every row."""
+    """`benchmarks/bench_replan_scale.py` on tiny cases: warm re-plans after the first, warm
+    and cold LP bounds agree in every row, and the short-limit arm's plans are no faster than
+    that bound."""
     out = tmp_path / "scale.md"
     args = ["--cases", "1F1B:4x8,ZBVZeroBubble:4x8", "--replans", "3", "--out", str(out)]
     _bench("bench_replan_scale.py", *args, timeout=600)
@@ -50,9 +51,13 @@ def test_replan_scale_bench_writes_its_table(tmp_path: Path) -> None:
     rows += [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| ZBV")]
     assert len(rows) == 6
     for cells in rows:
-        warm_bound, cold_bound = cells[-1].rstrip(" |").split(" / ")
+        warm_bound, cold_bound = cells[8].split(" / ")
         assert float(warm_bound) == pytest.approx(float(cold_bound), rel=1e-6)
+        seconds, plan, status = cells[9].rstrip(" |").split(", ")
+        assert float(seconds) > 0 and status in {"heuristic", "heuristic_fallback"}
+        assert float(plan.split(" (")[0]) >= float(warm_bound) * (1 - 1e-6)
     assert [c[6] for c in rows] == ["no", "yes", "yes"] * 2
+    assert "With a 2 s limit (every re-plan):" in out.read_text()
 
 
 def test_overlap_bench_writes_its_table(tmp_path: Path) -> None:
