@@ -333,7 +333,7 @@ def relax(
         s, _, value_free, saved = ks.solve(pbar)
         bound = max(bound, float(pbar @ base) + ebar - value_free)
         toward = (base - saved) - d  # durations(s) − d
-        # the step time's slope towards `s`, less than 0 where it falls
+        # minus the step time's slope towards `s` (from the last gradient): above 0 where it falls
         gap = -float(p @ toward)
         if gap > 1e-12 * t_free:
             if it % TRIAL_EVERY and kappa > 0.0:  # the last trial's curvature
