@@ -7,11 +7,12 @@ path is the chain of actions and waits that decides the step time; only freezing
 shortens the step.
 
 `Timer` holds the DAG as arrays, for callers that re-time one schedule thousands of times (the
-heuristic's search); `simulate` times it once and returns a `Timeline`. Both run the same two
+heuristic's search); `simulate` times it once and returns a `Timeline`. Both run the same
 compiled passes (numba; compiled once per machine, then loaded from its cache beside the package
 or, where that is read-only, in the user's cache folder; with neither, compiled in each process):
 forward, each action's start, end and the in-edge that set its start (ties go to the first in-edge
-that is latest); backward, each action's slack. The critical path ends at the first latest-ending action.
+that is latest); backward, each action's slack; and the walk back from the first latest-ending
+action along those in-edges, the critical path.
 Compiled because the heuristic's search re-times the DAG thousands of times: in Python the passes
 took most of its time (at 1F1B 32×128 its search ran 13.4 s in Python, 4.3 s compiled, with the
 same plan; 0.85 s once the search itself kept its plans in arrays).
@@ -54,8 +55,8 @@ def jit(fn: Any) -> Any:
 
 
 @functools.cache
-def _passes() -> tuple[Any, Any]:
-    """The compiled forward and backward passes."""
+def _passes() -> tuple[Any, Any, Any]:
+    """The compiled forward and backward passes, and the walk back along the critical path."""
 
     @jit
     def forward(d, ptr, src, lag):
@@ -93,16 +94,33 @@ def _passes() -> tuple[Any, Any]:
             out[v] = le - end[v]
         return out
 
-    return forward, backward
+    @jit
+    def walk(end, tight):
+        # from the first latest-ending action back along the in-edges that set each start; the
+        # path in order (in Python this walk took half of a re-timing at 64×256)
+        v = np.argmax(end)
+        n = 1
+        u = v
+        while tight[u] >= 0:
+            u = tight[u]
+            n += 1
+        path = np.empty(n, np.int64)
+        for i in range(n - 1, -1, -1):
+            path[i] = v
+            v = tight[v]
+        return path
+
+    return forward, backward, walk
 
 
 def load_passes() -> None:
     """Import numba and load (the first time on a machine: compile) the passes now, so a
     process that will time DAGs later pays for it before it is in a hurry (about 0.3 s)."""
-    forward, backward = _passes()
+    forward, backward, walk = _passes()
     d, ptr, none, lag = np.ones(1), np.zeros(2, dtype=np.int64), np.zeros(0, np.int64), np.zeros(0)
-    _, end, _ = forward(d, ptr, none, lag)
+    _, end, tight = forward(d, ptr, none, lag)
     backward(d, end, float(end[0]), ptr, none, lag)
+    walk(end, tight)
 
 
 def _in_edges(dag: PipelineDag, idx: Mapping[Action, int]) -> tuple[np.ndarray, ...]:
@@ -148,17 +166,12 @@ class Timer:
         self, d: Sequence[float] | np.ndarray
     ) -> tuple[float, np.ndarray, np.ndarray, list[int]]:
         """Step time, starts, ends, and the critical path as positions in `order`."""
-        forward, _ = _passes()
+        forward, _, walk = _passes()
         start, end, tight = forward(np.asarray(d, dtype=float), *self._pred)
         if not len(end):
             return 0.0, start, end, []
-        v = int(np.argmax(end))  # the first of the latest-ending actions
-        span = float(end[v])
-        path = [v]
-        while tight[v] >= 0:
-            v = int(tight[v])
-            path.append(v)
-        return span, start, end, path[::-1]
+        path = walk(end, tight)  # from the first of the latest-ending actions
+        return float(end[path[-1]]), start, end, path.tolist()
 
     def run(self, d: Sequence[float] | np.ndarray) -> tuple[float, np.ndarray, list[Action]]:
         """Step time, each action's end, and the critical path (actions in order)."""
@@ -175,7 +188,7 @@ class Timer:
             out_ptr = np.zeros(n + 1, dtype=np.int64)
             out_ptr[1:] = np.cumsum(np.bincount(src, minlength=n))
             self._succ = (out_ptr, dst[by_src], lag[by_src])
-        _, backward = _passes()
+        _, backward, _ = _passes()
         return backward(np.asarray(d, dtype=float), end, float(span), *self._succ)
 
 

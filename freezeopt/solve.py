@@ -912,15 +912,18 @@ class _Index:
         number = np.full((len(gcost), width), -1, dtype=np.int64)
         for j, (s, g) in enumerate(pairs):
             number[s, g] = j
+        gc = np.zeros((len(gcost), width))  # per stage and group: ms saved when frozen
         for s, row in enumerate(gcost):
             live = [g for g, c in enumerate(row) if c > 0]
             offset[s, live] = np.arange(len(live))
-        act = np.fromiter((idx[a] for a, _ in keys), dtype=np.int64, count=n_keys)
-        stage_a = np.fromiter((a.stage for a, _ in keys), dtype=np.int64, count=n_keys)
+            gc[s, : len(row)] = row
+        act = np.fromiter(_positions(keys, idx), dtype=np.int64, count=n_keys)
         group_a = np.fromiter((g for _, g in keys), dtype=np.int64, count=n_keys)
         if n_keys and not np.all(np.diff(act) >= 0):
             raise ValueError("keys must be grouped by action in DAG order")
         n = len(timing.order)
+        stage_of = np.fromiter((a.stage for a in timing.order), dtype=np.int64, count=n)
+        stage_a = stage_of[act]
         names = np.array([str(a) for a in timing.order])
         rank_a = np.empty(n, dtype=np.int64)
         rank_a[np.argsort(names, kind="stable")] = np.arange(n, dtype=np.int64)
@@ -933,7 +936,7 @@ class _Index:
         key_sg = tuple(zip(stage_a.tolist(), group_a.tolist(), strict=True))
         return _Index(
             act=act,
-            cost=np.array([gcost[st][g] for st, g in key_sg], dtype=float),
+            cost=gc[stage_a, group_a],
             sg=key_sg,
             sg_id=number[stage_a, group_a],
             rank_a=rank_a,
@@ -956,8 +959,22 @@ class _Index:
         return first + np.arange(int(n.sum()), dtype=np.int64)
 
     def mask(self, plan: Mapping[Key, float]) -> np.ndarray:
+        """Which keys `plan` freezes (KeyError for a key the model does not have)."""
         on = np.zeros(len(self.sg), dtype=bool)
-        on[[self.position(k) for k in plan]] = True
+        if not plan:
+            return on
+        idx = self.idx
+        cols = np.fromiter(
+            (x for a, g in plan for x in (idx[a], a.stage, g)), dtype=np.int64, count=3 * len(plan)
+        ).reshape(-1, 3)
+        v, stage, group = cols[:, 0], cols[:, 1], cols[:, 2]
+        ok = (group >= 0) & (group < self.offset.shape[1])
+        off = np.where(ok, self.offset[stage, np.where(ok, group, 0)], -1)
+        i = self.at_ptr[v] + off
+        if not np.all((off >= 0) & (i < self.at_ptr[v + 1])):
+            for k in plan:  # name the first key the model does not have
+                self.position(k)
+        on[i] = True
         return on
 
     def position(self, key: Key) -> int:
@@ -991,6 +1008,17 @@ class _Index:
         return {model.keys[i]: 1.0 for i in np.flatnonzero(on).tolist()}
 
 
+def _positions(keys: Sequence[Key], idx: Mapping[Action, int]) -> Iterator[int]:
+    """Each key's action position; a key's action is looked up only when it is not the same
+    object as the last key's (keys come grouped by action: a quarter of the lookups at 4 groups)."""
+    last: Action | None = None
+    v = -1
+    for a, _ in keys:
+        if a is not last:
+            last, v = a, idx[a]
+        yield v
+
+
 def _round_and_fill(
     dag: PipelineDag, model: _Model, lp_x: Mapping[Key, float], clock: _Deadline | None = None
 ) -> dict[Key, float]:
@@ -1007,21 +1035,23 @@ def _search(
     *,
     batch: int = 1,
 ) -> dict[Key, float]:
-    """Freeze more on the critical path while the budget allows (`_fill`, `batch` keys at a time
-    to start with), then move frozen microbatches onto the critical path (`_swap`) and fill again,
-    while swaps help."""
+    """Freeze more on the critical path while the budget allows (`_fill_on`, `batch` keys at a time
+    to start with), then move frozen microbatches onto the critical path (`_swap_on`) and fill
+    again, while swaps help. The moves work on one array of the keys frozen: the plan is turned
+    into it and back once (at 64×256 each turn took 10–40 ms)."""
     clock = clock if clock is not None else _Deadline()
     clock.start_search()
     timing = model.timer
-    plan = _fill(dag, model, plan, TRIES, timing, clock=clock, batch=batch)
+    on = model.index.mask(plan)  # the moves change it in place
+    changed = _fill_on(dag, model, on, TRIES, timing, clock=clock, batch=batch)
     for _ in range(4):  # a swap shortens the critical path at no signal cost; fill may use it
-        swapped = _swap(dag, model, plan, TRIES, timing, clock=clock)
-        if swapped is plan:
-            swapped = _swap(dag, model, plan, TRIES, timing, cross=True, clock=clock)
-        if swapped is plan:
+        if not _swap_on(dag, model, on, TRIES, timing, clock=clock) and not _swap_on(
+            dag, model, on, TRIES, timing, cross=True, clock=clock
+        ):
             break
-        plan = _fill(dag, model, swapped, TRIES, timing, clock=clock, batch=batch)
-    return plan
+        changed = True
+        _fill_on(dag, model, on, TRIES, timing, clock=clock, batch=batch)
+    return model.index.plan(model, on) if changed else plan
 
 
 DIVE_STEP = 0.02
@@ -1162,15 +1192,19 @@ def _round_down(model: _Model, lp_x: Mapping[Key, float]) -> dict[Key, float]:
 
 
 def _tally(
-    dag: PipelineDag, model: _Model, plan: Mapping[Key, float]
+    dag: PipelineDag, model: _Model, on: np.ndarray
 ) -> tuple[dict[tuple[int, int], int], float, dict[int, float], float]:
-    """What `_fill` and `_swap` keep up to date move by move: frozen count per (stage, group),
-    signal dropped, each stage's load against its cap, and the cap (inf when there is none)."""
-    counts = {sg: round(c) for sg, c in model.counts(plan).items()}
+    """What `_fill` and `_swap` keep up to date move by move, for the plan that freezes the keys of
+    `on`: frozen count per (stage, group), signal dropped, each stage's load against its cap, and
+    the cap (inf when there is none)."""
+    ix = model.index
+    count = np.bincount(ix.sg_id[on], minlength=len(ix.pairs)).tolist()
+    counts = {sg: n for sg, n in zip(ix.pairs, count, strict=True) if n}
     per_stage: dict[int, float] = {}
     for (s, g), n in counts.items():
         per_stage[s] = per_stage.get(s, 0.0) + n * model.stage_share[(s, g)]
-    return counts, model.signal_of(plan), per_stage, _stage_cap(dag, model)
+    signal = sum(model.loss[sg][n] for sg, n in counts.items())
+    return counts, signal, per_stage, _stage_cap(dag, model)
 
 
 def _stage_cap(dag: PipelineDag, model: _Model) -> float:
@@ -1194,15 +1228,32 @@ def _fill(
     clock: _Deadline | None = None,
     batch: int = 1,
 ) -> dict[Key, float]:
+    """`_fill_on` for a plan: the new plan, or `plan` itself when nothing more was frozen."""
+    on = model.index.mask(plan)
+    grew = _fill_on(dag, model, on, tries, timing, clock=clock, batch=batch)
+    return model.index.plan(model, on) if grew else plan
+
+
+def _fill_on(
+    dag: PipelineDag,
+    model: _Model,
+    on: np.ndarray,
+    tries: int,
+    timing: Timer,
+    *,
+    clock: _Deadline | None = None,
+    batch: int = 1,
+) -> bool:
     """Freeze more (action, group)s on the critical path, the most time saved per signal spent
     first, while the step gets shorter and budget and caps allow: one at a time (the best four
     tried), or, with `batch` > 1 while the time left on `clock` (at the pace of the tries so far)
     would not fit a try for each key the budget left allows, `batch` at once (kept when the step
-    gets shorter; the next batch twice as large, up to `FILL_BATCH_MAX`, else half as large)."""
+    gets shorter; the next batch twice as large, up to `FILL_BATCH_MAX`, else half as large).
+    Changes `on` (the keys frozen) in place; returns whether it froze more."""
     if clock is not None and clock.expired():
-        return plan
+        return False
     ix = model.index
-    counts, signal, per_stage, stage_cap = _tally(dag, model, plan)
+    counts, signal, per_stage, stage_cap = _tally(dag, model, on)
     number = {sg: j for j, sg in enumerate(ix.pairs)}
     count = np.zeros(len(ix.pairs), dtype=np.int64)
     for sg, n in counts.items():
@@ -1211,7 +1262,6 @@ def _fill(
     for st, x in per_stage.items():
         load[st] = x
     budget = model.opts.budget + 1e-9
-    on = ix.mask(plan)
     d = ix.durations(on)
     span, _, _, path = timing.times(d)
     grew = False
@@ -1271,7 +1321,7 @@ def _fill(
             on[i] = False
         if not improved:
             break
-    return ix.plan(model, on) if grew else plan
+    return grew
 
 
 def _batch(
@@ -1337,22 +1387,37 @@ def _swap(
     cross: bool = False,
     clock: _Deadline | None = None,
 ) -> dict[Key, float]:
+    """`_swap_on` for a plan: the new plan, or `plan` itself when no move helped."""
+    on = model.index.mask(plan)
+    moved = _swap_on(dag, model, on, tries, timing, cross=cross, clock=clock)
+    return model.index.plan(model, on) if moved else plan
+
+
+def _swap_on(
+    dag: PipelineDag,
+    model: _Model,
+    on: np.ndarray,
+    tries: int,
+    timing: Timer,
+    *,
+    cross: bool = False,
+    clock: _Deadline | None = None,
+) -> bool:
     """Local search: unfreeze a group in a microbatch whose action has slack to absorb it, and
     freeze a group in an action on the critical path instead: the same group (counts, and so
     signal and caps, unchanged), or with `cross` another one — the frozen group whose release frees
     the most signal, if budget and caps then hold. A move is kept when the step gets shorter.
     Each try first makes up to `BATCH` same-group moves at once (each target its own donor), then,
-    if that does not shorten the step, the best four moves one at a time. Returns `plan` itself
-    when no move helped."""
+    if that does not shorten the step, the best four moves one at a time. Changes `on` (the keys
+    frozen) in place; returns whether a move helped."""
     if clock is not None and clock.expired():
-        return plan
+        return False
     ix = model.index
-    on = ix.mask(plan)
     d = ix.durations(on)
     span, _, end, path = timing.times(d)
     budget = model.opts.budget + 1e-9
     share = model.stage_share
-    counts, signal, per_stage, stage_cap = _tally(dag, model, plan)
+    counts, signal, per_stage, stage_cap = _tally(dag, model, on)
     moved = False
     for _ in range(tries):
         if clock is not None and clock.passed():
@@ -1453,7 +1518,7 @@ def _swap(
             on[i], on[donor] = False, True
         if not improved:
             break
-    return ix.plan(model, on) if moved else plan
+    return moved
 
 
 def _by_key(item: tuple[Key, float]) -> tuple[int, str, int, int]:

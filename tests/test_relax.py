@@ -81,7 +81,7 @@ def test_the_soft_passes_edges_leave_every_plans_step_time_as_it_is(schedule: st
     from freezeopt.simulate import _passes as hard_passes
 
     m = _model(schedule, 4, 8, 3, 0)
-    forward, _ = hard_passes()
+    forward, *_ = hard_passes()
     rng = np.random.default_rng(0)
     timer = m.timer
     for lags in ("profiled", "random"):

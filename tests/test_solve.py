@@ -331,7 +331,7 @@ def test_a_batch_takes_keys_in_order_while_caps_and_budget_hold_together() -> No
     p = make_profile(ranks=2, microbatches=8, groups=2)
     dag, model = _model(p, budget=0.2, group_cap=0.5, stage_cap=0.4)
     ix = model.index
-    _, signal, _, cap = _tally(dag, model, {})
+    _, signal, _, cap = _tally(dag, model, np.zeros(len(ix.sg), dtype=bool))
     count = np.zeros(len(ix.pairs), dtype=np.int64)
     load = np.zeros(dag.n_stages)
     ranked = np.arange(len(model.keys))  # every key, in key order

@@ -140,4 +140,4 @@ print(first[0], len(loaded), all(loaded))
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["ready", "7", "True"]
+    assert done.stdout.split() == ["ready", "8", "True"]
