@@ -1035,22 +1035,22 @@ def _search(
     *,
     batch: int = 1,
 ) -> dict[Key, float]:
-    """Freeze more on the critical path while the budget allows (`_fill_on`, `batch` keys at a time
-    to start with), then move frozen microbatches onto the critical path (`_swap_on`) and fill
+    """Freeze more on the critical path while the budget allows (`_fill`, `batch` keys at a time
+    to start with), then move frozen microbatches onto the critical path (`_swap`) and fill
     again, while swaps help. The moves work on one array of the keys frozen: the plan is turned
     into it and back once (at 64×256 each turn took 10–40 ms)."""
     clock = clock if clock is not None else _Deadline()
     clock.start_search()
     timing = model.timer
     on = model.index.mask(plan)  # the moves change it in place
-    changed = _fill_on(dag, model, on, TRIES, timing, clock=clock, batch=batch)
+    changed = _fill(dag, model, on, TRIES, timing, clock=clock, batch=batch)
     for _ in range(4):  # a swap shortens the critical path at no signal cost; fill may use it
-        if not _swap_on(dag, model, on, TRIES, timing, clock=clock) and not _swap_on(
+        if not _swap(dag, model, on, TRIES, timing, clock=clock) and not _swap(
             dag, model, on, TRIES, timing, cross=True, clock=clock
         ):
             break
         changed = True
-        _fill_on(dag, model, on, TRIES, timing, clock=clock, batch=batch)
+        _fill(dag, model, on, TRIES, timing, clock=clock, batch=batch)
     return model.index.plan(model, on) if changed else plan
 
 
@@ -1221,22 +1221,6 @@ def _marginal(model: _Model, sg: tuple[int, int], n: int) -> float:
 def _fill(
     dag: PipelineDag,
     model: _Model,
-    plan: dict[Key, float],
-    tries: int,
-    timing: Timer,
-    *,
-    clock: _Deadline | None = None,
-    batch: int = 1,
-) -> dict[Key, float]:
-    """`_fill_on` for a plan: the new plan, or `plan` itself when nothing more was frozen."""
-    on = model.index.mask(plan)
-    grew = _fill_on(dag, model, on, tries, timing, clock=clock, batch=batch)
-    return model.index.plan(model, on) if grew else plan
-
-
-def _fill_on(
-    dag: PipelineDag,
-    model: _Model,
     on: np.ndarray,
     tries: int,
     timing: Timer,
@@ -1378,22 +1362,6 @@ BATCH = 8
 
 
 def _swap(
-    dag: PipelineDag,
-    model: _Model,
-    plan: dict[Key, float],
-    tries: int,
-    timing: Timer,
-    *,
-    cross: bool = False,
-    clock: _Deadline | None = None,
-) -> dict[Key, float]:
-    """`_swap_on` for a plan: the new plan, or `plan` itself when no move helped."""
-    on = model.index.mask(plan)
-    moved = _swap_on(dag, model, on, tries, timing, cross=cross, clock=clock)
-    return model.index.plan(model, on) if moved else plan
-
-
-def _swap_on(
     dag: PipelineDag,
     model: _Model,
     on: np.ndarray,
