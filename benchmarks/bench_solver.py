@@ -260,11 +260,9 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         opts = SolveOptions(**case["opts"])
         sig = estimate_signal(profile, opts.sensitivity)
         if case.get("load_passes"):  # once per process, as a training run's re-plans pay it
-            from freezeopt.relax import load_relax_passes
-            from freezeopt.simulate import load_passes
+            from freezeopt.solve import load_kernels
 
-            load_passes()
-            load_relax_passes()
+            load_kernels()
         if case.get("no_relax"):  # the LP-free path as before freezeopt.relax: rank-load only
             import freezeopt.solve
 

@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pulp
@@ -1357,6 +1357,63 @@ Interleaved1F1B 1.22 → 1.36 %), and after rounding the LP (at most a key per g
 keys are the more exact (1F1B 32×128 2.02 % single, 2.05 % batched), so that search keeps them."""
 
 
+@functools.cache
+def _donor_pass() -> Any:
+    """The swap search's ranking of donors, compiled (numba, through `freezeopt.simulate.jit`)."""
+    from freezeopt.simulate import jit
+
+    @jit
+    def top_donors(on, act, slack, cost, on_path, sg_id, rank_a, n_groups, k):
+        # Per (stage, group) number, its first k donors: frozen keys off the critical path whose
+        # action's slack takes the group's cost back, most slack first, ties by action name (no
+        # two keys of a group share an action). A sorted insertion per donor; sorting every
+        # frozen key (numpy's lexsort) took about a third of a try at 64×256.
+        top = np.full((n_groups, k), -1, np.int64)
+        top_s = np.zeros((n_groups, k))
+        top_r = np.zeros((n_groups, k), np.int64)
+        count = np.zeros(n_groups, np.int64)
+        for i in range(on.shape[0]):
+            if not on[i]:
+                continue
+            v = act[i]
+            s = slack[v]
+            if on_path[v] or not s >= cost[i] - 1e-9:
+                continue
+            g = sg_id[i]
+            r = rank_a[v]
+            c = count[g]
+            p = c
+            while p > 0 and (s > top_s[g, p - 1] or (s == top_s[g, p - 1] and r < top_r[g, p - 1])):
+                p -= 1
+            if p >= k:
+                continue
+            for q in range(min(c, k - 1), p, -1):
+                top[g, q] = top[g, q - 1]
+                top_s[g, q] = top_s[g, q - 1]
+                top_r[g, q] = top_r[g, q - 1]
+            top[g, p] = i
+            top_s[g, p] = s
+            top_r[g, p] = r
+            if c < k:
+                count[g] = c + 1
+        return top, count
+
+    return top_donors
+
+
+def load_kernels() -> None:
+    """Load (the first time on a machine: compile) every compiled pass a solve may run: the
+    simulator's, the relaxation's and the search's. numba loads them from its cache in about
+    0.5 s; a caller with a short time limit calls this before the clock starts."""
+    from freezeopt.relax import load_relax_passes
+    from freezeopt.simulate import load_passes
+
+    load_passes()
+    load_relax_passes()
+    one, no, zero = np.ones(1), np.zeros(1, dtype=bool), np.zeros(1, dtype=np.int64)
+    _donor_pass()(no, zero, one, one, no, zero, zero, 1, 1)
+
+
 BATCH = 8
 """Same-group swaps the search tries at once before trying them one at a time."""
 
@@ -1394,27 +1451,13 @@ def _swap(
         on_path = np.zeros(len(d), dtype=bool)
         on_path[path] = True
         # donors: frozen where the action could take the group's cost back; per (stage, group)
-        # the one with the most slack (ties: by name), and overall the groups ranked by the signal
-        # freed
-        frozen = np.flatnonzero(on)
-        va = ix.act[frozen]
-        sl = slack[va]
-        ok = ~on_path[va] & (sl >= ix.cost[frozen] - 1e-9)
-        frozen, va, sl = frozen[ok], va[ok], sl[ok]
-        by = np.lexsort((ix.rank_a[va], -sl, ix.sg_id[frozen]))
-        ranked_donors = frozen[by].tolist()  # per (stage, group), in a run: most slack first
-        sg_sorted = ix.sg_id[frozen[by]]
-        cut = np.flatnonzero(np.r_[True, sg_sorted[1:] != sg_sorted[:-1]]).tolist()
-        spare = {  # (stage, group) → its donors' positions in ranked_donors
-            ix.sg[ranked_donors[a]]: range(a, b)
-            for a, b in zip(cut, [*cut[1:], len(ranked_donors)], strict=True)
-            if ranked_donors
-        }
-        donors = {sg: ranked_donors[r.start] for sg, r in spare.items()}
-        donor_of = np.full(len(ix.pairs), -1, dtype=np.int64)
-        firsts = np.array(list(donors.values()), dtype=np.int64)
-        donor_of[ix.sg_id[firsts]] = firsts
-        by_freed = sorted(donors, key=lambda sg: (-_marginal(model, sg, counts[sg]), sg))
+        # the first `BATCH` by slack (ties: by name), enough for a try's moves
+        top, n_top = _donor_pass()(
+            on, ix.act, slack, ix.cost, on_path, ix.sg_id, ix.rank_a, len(ix.pairs), BATCH
+        )
+        donor_of = top[:, 0]
+        spare = top.tolist()
+        n_spare = n_top.tolist()
         # moves onto the critical path's keys not frozen yet: from the same group's donor, or
         # (with `cross`) from the donor whose release frees the most signal, if budget and caps
         # allow; at most one move per key, tried most ms saved first, ties by action name, group
@@ -1422,13 +1465,20 @@ def _swap(
         keys = keys[~on[keys]]
         donor = donor_of[ix.sg_id[keys]]
         move_in, move_out = keys[donor >= 0].tolist(), donor[donor >= 0].tolist()
-        for i in keys[donor < 0].tolist() if cross else ():
+        lone = keys[donor < 0].tolist() if cross else []
+        by_freed: list[int] = []
+        if lone:  # the groups with a donor, by the signal their release frees (ties: by group)
+            has = np.flatnonzero(n_top)
+            n_has = np.array([counts[ix.pairs[j]] for j in has.tolist()], dtype=np.int64)
+            by_freed = has[np.lexsort((has, -ix.marginal[has, n_has]))].tolist()
+        for i in lone:
             sg = ix.sg[i]
             n = counts.get(sg, 0)
             if n + 1 > model.kmax:
                 continue
             cost_in = _marginal(model, sg, n + 1)
-            for dg in by_freed:
+            for j in by_freed:
+                dg = ix.pairs[j]
                 freed = _marginal(model, dg, counts[dg])
                 if signal + cost_in - freed > budget:
                     break  # later donors free less
@@ -1437,7 +1487,7 @@ def _swap(
                     load -= share[dg]
                 if load <= stage_cap:
                     move_in.append(i)
-                    move_out.append(donors[dg])
+                    move_out.append(spare[j][0])
                     break
         cand = np.array(move_in, dtype=np.int64)
         order = np.lexsort((ix.group_a[cand], ix.rank_a[ix.act[cand]], -ix.cost[cand]))
@@ -1451,8 +1501,8 @@ def _swap(
             sg = ix.sg[i]
             if ix.sg[donor] != sg:
                 continue
-            mine = spare.get(sg, range(0))
-            free = next((j for j in map(ranked_donors.__getitem__, mine) if j not in used), None)
+            j = int(ix.sg_id[i])
+            free = next((o for o in spare[j][: n_spare[j]] if o not in used), None)
             if free is not None:
                 used.add(free)
                 batch.append((i, free))

@@ -160,17 +160,15 @@ def _serve(parent: int, requests: IO[bytes], answers: IO[bytes]) -> None:
     """The child: answer pickled re-plan requests until stdin closes."""
     from freezeopt.launch import die_with_parent
     from freezeopt.lp_fast import LpCache
-    from freezeopt.relax import load_relax_passes
     from freezeopt.replan import replan
-    from freezeopt.simulate import load_passes
+    from freezeopt.solve import load_kernels
 
     die_with_parent(parent)
     with contextlib.suppress(OSError):
         os.nice(NICE)
-    # numba, before the first re-plan (at low priority it could take seconds then); the
-    # relaxation's kernels too: a re-plan that cannot fit the LP answers through them
-    load_passes()
-    load_relax_passes()
+    # numba's kernels before the first re-plan (at low priority it could take seconds then): the
+    # relaxation's and the search's too, for a re-plan that cannot fit the LP
+    load_kernels()
     cache = LpCache()
     pickle.dump(("ready", None), answers, protocol=pickle.HIGHEST_PROTOCOL)
     answers.flush()

@@ -19,7 +19,6 @@ from freezeopt.actions import Action, parse_action
 from freezeopt.dag import PipelineDag, build_dag
 from freezeopt.errors import InputError, MismatchError
 from freezeopt.profile_file import Profile, load_profile, profile_sha256, save_profile
-from freezeopt.relax import load_relax_passes
 from freezeopt.schedule import (
     Phases,
     Schedule,
@@ -30,8 +29,8 @@ from freezeopt.schedule import (
     schedule_plan,
 )
 from freezeopt.sensitivity import estimate_signal
-from freezeopt.simulate import Timeline, load_passes, simulate
-from freezeopt.solve import SolveOptions, SolveResult, solve
+from freezeopt.simulate import Timeline, simulate
+from freezeopt.solve import SolveOptions, SolveResult, load_kernels, solve
 from freezeopt.synth import SynthOptions, synth_profile
 
 if TYPE_CHECKING:
@@ -67,8 +66,7 @@ def solve_file(
         # numba's compiled kernels load from their cache in about 0.5 s: before the solve's clock
         # starts, or a short --time-limit spends it on the relaxation's first iteration (at
         # 64×256 with 2 s: one iteration and 7.9 % from the LP optimum, against 300–440 and ~2 %)
-        load_passes()
-        load_relax_passes()
+        load_kernels()
     result = solve(dag, estimate_signal(profile, opts.sensitivity), opts)
     sched = schedule_from_result(
         result,

@@ -115,22 +115,23 @@ def test_worker_runs_at_lower_priority() -> None:
 
 
 def test_the_child_loads_the_compiled_passes_before_it_says_ready() -> None:
-    """`_serve` (the child's body) loads the simulator's and the relaxation's numba passes before
-    its first message, so a re-plan that answers without the LP does not pay for loading them
-    (about 0.5 s from numba's cache, seconds to compile) inside its time limit. Run in a process
-    of its own (the child lowers its priority), with no requests: it says ready and returns."""
+    """`_serve` (the child's body) loads the simulator's, the relaxation's and the search's numba
+    passes before its first message, so a re-plan that answers without the LP does not pay for
+    loading them (about 0.5 s from numba's cache, seconds to compile) inside its time limit. Run in
+    a process of its own (the child lowers its priority), with no requests: it says ready and
+    returns."""
     import subprocess
     import sys
 
     code = """
 import io, os, pickle, sys
-import freezeopt.relax as relax, freezeopt.simulate as simulate
+import freezeopt.relax as relax, freezeopt.simulate as simulate, freezeopt.solve as solve
 from freezeopt.solver_process import _serve
 out = io.BytesIO()
 _serve(os.getppid(), io.BytesIO(b""), out)
 out.seek(0)
 first = pickle.load(out)
-kernels = (*simulate._passes(), *relax._passes()[:5])  # softplus: called inside them
+kernels = (*simulate._passes(), *relax._passes()[:5], solve._donor_pass())  # softplus: inside them
 loaded = [len(f.signatures) > 0 for f in kernels]
 print(first[0], len(loaded), all(loaded))
 """
@@ -140,4 +141,4 @@ print(first[0], len(loaded), all(loaded))
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["ready", "8", "True"]
+    assert done.stdout.split() == ["ready", "9", "True"]

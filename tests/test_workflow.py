@@ -29,8 +29,7 @@ def test_solving_a_file_loads_the_compiled_kernels_before_the_solve_where_it_may
     loaded before `solve` starts its clock, so a short time limit is not spent loading them."""
     calls: list[str] = []
     real_solve = workflow.solve
-    monkeypatch.setattr(workflow, "load_passes", lambda: calls.append("load_passes"))
-    monkeypatch.setattr(workflow, "load_relax_passes", lambda: calls.append("load_relax_passes"))
+    monkeypatch.setattr(workflow, "load_kernels", lambda: calls.append("load_kernels"))
 
     def solve(*a: object, **kw: object) -> object:
         calls.append("solve")
@@ -40,5 +39,5 @@ def test_solving_a_file_loads_the_compiled_kernels_before_the_solve_where_it_may
     path = tmp_path / "p.json"
     save_profile(make_profile(), path)
     workflow.solve_file(path, opts, phases=Phases(), out=None)
-    want = ["load_passes", "load_relax_passes", "solve"] if loads else ["solve"]
+    want = ["load_kernels", "solve"] if loads else ["solve"]
     assert calls == want
