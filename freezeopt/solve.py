@@ -317,6 +317,7 @@ def _solve(
         )
         notes.append(f"lp_bound_ms is {bound_note}, at or below the LP bound, which is unknown")
         opts = replace(opts, mode="heuristic")
+    predicted: float | None = None  # the answer's step time, where it is known already
     if opts.mode == "lp":
         frozen, status = lp_x, "optimal"
     else:
@@ -325,8 +326,9 @@ def _solve(
             frozen = _round_and_fill(dag, model, lp_x, clock)
         else:
             frozen = _search(dag, model, start, clock, batch=FILL_BATCH)
-            if model.makespan(frozen) > t_balanced:  # never slower than the rank-balanced start
-                frozen = balanced
+            predicted = model.makespan(frozen)
+            if predicted > t_balanced:  # never slower than the rank-balanced start
+                frozen, predicted = balanced, t_balanced
         status = "heuristic_fallback" if start is not None else "heuristic"
         if clock.hit:
             notes.append(
@@ -348,7 +350,9 @@ def _solve(
                         frozen = dived
             frozen, status, milp_notes = model.solve_milp(frozen, deadline, write=opts.write_model)
             notes.extend(milp_notes)
-    predicted = model.makespan(frozen)
+            predicted = None
+    if predicted is None:
+        predicted = model.makespan(frozen)
     lp_bound = min(lp1, predicted)
     return SolveResult(
         status=status,
