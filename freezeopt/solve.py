@@ -71,7 +71,16 @@ from freezeopt.relax import Relaxation, relax
 from freezeopt.sensitivity import Estimator, GroupSignal
 from freezeopt.simulate import Timer, simulate
 
-__all__ = ["MODES", "SOLVERS", "Mode", "SolveOptions", "SolveResult", "SolverName", "solve"]
+__all__ = [
+    "MODES",
+    "SOLVERS",
+    "Mode",
+    "SolveOptions",
+    "SolveResult",
+    "SolverName",
+    "load_kernels",
+    "solve",
+]
 
 Mode = Literal["milp", "lp", "heuristic"]
 SolverName = Literal["cbc", "highs"]
