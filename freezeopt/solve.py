@@ -332,9 +332,9 @@ def _solve(
     else:
         clock = _Deadline(deadline)
         if start is None:
-            frozen = _round_and_fill(dag, model, lp_x, clock)
+            frozen = _round_and_fill(dag, model, lp_x, clock, kicks=opts.mode == "heuristic")
         else:
-            frozen = _search(dag, model, start, clock, batch=FILL_BATCH)
+            frozen = _search(dag, model, start, clock, batch=FILL_BATCH, kicks=True)
             predicted = model.makespan(frozen)
             if predicted > t_balanced:  # never slower than the rank-balanced start
                 frozen, predicted = balanced, t_balanced
@@ -1033,11 +1033,16 @@ def _positions(keys: Sequence[Key], idx: Mapping[Action, int]) -> Iterator[int]:
 
 
 def _round_and_fill(
-    dag: PipelineDag, model: _Model, lp_x: Mapping[Key, float], clock: _Deadline | None = None
+    dag: PipelineDag,
+    model: _Model,
+    lp_x: Mapping[Key, float],
+    clock: _Deadline | None = None,
+    *,
+    kicks: bool = False,
 ) -> dict[Key, float]:
     """Heuristic: round the LP down per group, then `_search`. Past `clock`'s deadline the search
     stops and the plan so far (always feasible) is the answer."""
-    return _search(dag, model, _round_down(model, lp_x), clock)
+    return _search(dag, model, _round_down(model, lp_x), clock, kicks=kicks)
 
 
 def _search(
@@ -1047,15 +1052,41 @@ def _search(
     clock: _Deadline | None = None,
     *,
     batch: int = 1,
+    kicks: bool = False,
 ) -> dict[Key, float]:
     """Freeze more on the critical path while the budget allows (`_fill`, `batch` keys at a time
     to start with), then move frozen microbatches onto the critical path (`_swap`) and fill
     again, while swaps help. The moves work on one array of the keys frozen: the plan is turned
-    into it and back once (at 64×256 each turn took 10–40 ms)."""
+    into it and back once (at 64×256 each turn took 10–40 ms).
+
+    With `kicks`, time left once the moves stop helping goes to kicks (`_release`): the `KICK`
+    share of the frozen keys with the most slack is released and the moves run again; the result
+    is kept when the step is shorter, else the next kick releases twice as many, up to
+    `KICK_MAX`. For callers whose answer is the search's (not when LP dives and the MILP follow)."""
     clock = clock if clock is not None else _Deadline()
     clock.start_search()
     timing = model.timer
     on = model.index.mask(plan)  # the moves change it in place
+    changed = _moves(dag, model, on, clock, batch)
+    if kicks and on.any():
+        ix = model.index
+        span = timing.times(ix.durations(on))[0]
+        share = KICK
+        while share <= KICK_MAX and not clock.passed():
+            trial = on.copy()
+            _release(model, trial, share)
+            _moves(dag, model, trial, clock, batch)
+            t = timing.times(ix.durations(trial))[0]
+            if t < span - 1e-9:
+                on, span, changed = trial, t, True
+            else:
+                share *= 2
+    return model.index.plan(model, on) if changed else plan
+
+
+def _moves(dag: PipelineDag, model: _Model, on: np.ndarray, clock: _Deadline, batch: int) -> bool:
+    """Fill, then swap and fill again while swaps help (`_search`); whether anything changed."""
+    timing = model.timer
     changed = _fill(dag, model, on, TRIES, timing, clock=clock, batch=batch)
     for _ in range(4):  # a swap shortens the critical path at no signal cost; fill may use it
         if not _swap(dag, model, on, TRIES, timing, clock=clock) and not _swap(
@@ -1064,7 +1095,30 @@ def _search(
             break
         changed = True
         _fill(dag, model, on, TRIES, timing, clock=clock, batch=batch)
-    return model.index.plan(model, on) if changed else plan
+    return changed
+
+
+KICK = 0.005
+KICK_MAX = 0.04
+"""A kick releases this share of the frozen keys (`KICK`, doubled after each kick that does not
+help, up to `KICK_MAX`). Frozen keys whose actions have slack spend budget without shortening the
+step; a swap moves one only to a key of its own group (or of a group that frees at least as much
+signal), while a release hands their budget back to the fill, which spends it on the critical
+path. Measured at 1F1B 64×256 with 10 s (the moves stop helping after about 7.5 s): 3.05 % from
+the LP bound without kicks, 2.53–2.54 % with two kicks of 0.5 % or 2 % of the keys by slack, and
+2.81–2.92 % releasing keys at random instead."""
+
+
+def _release(model: _Model, on: np.ndarray, share: float) -> None:
+    """Unfreeze the `share` of the keys frozen in `on` (at least one) whose actions have the most
+    slack (ties: the first keys)."""
+    ix, timing = model.index, model.timer
+    frozen = np.flatnonzero(on)
+    d = ix.durations(on)
+    span, _, end, _ = timing.times(d)
+    slack = timing.slack(d, end, span)
+    k = max(1, int(share * len(frozen)))
+    on[frozen[np.argsort(-slack[ix.act[frozen]], kind="stable")[:k]]] = False
 
 
 DIVE_STEP = 0.02

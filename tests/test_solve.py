@@ -246,6 +246,37 @@ def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal(
     assert single != out
 
 
+@pytest.mark.parametrize("stage_cap", [None, 0.2])
+def test_kicks_release_slack_keys_and_keep_only_faster_plans(stage_cap: float | None) -> None:
+    """`_search` with kicks, no deadline: it ends (each kick that does not help doubles the share
+    released, up to `KICK_MAX`), its plan keeps budget and caps, and it is never slower than the
+    search without kicks from the same start; `_release` unfreezes the keys with the most slack."""
+    import numpy as np
+
+    from freezeopt.solve import KICK, _release, _round_down, _search
+
+    p = make_profile(ranks=4, microbatches=16, groups=3)
+    dag, model = _model(p, budget=0.1, stage_cap=stage_cap, solver="highs")
+    _, lp_x = model.solve_lp(math.inf, write=None)
+    start = _round_down(model, lp_x)
+    plain = _search(dag, model, start)
+    kicked = _search(dag, model, start, kicks=True)
+    assert model.fits(kicked)
+    assert model.makespan(kicked) <= model.makespan(plain) + 1e-9
+
+    ix, timing = model.index, model.timer
+    on = ix.mask(plain)
+    before = on.copy()
+    _release(model, on, KICK)
+    gone = np.flatnonzero(before & ~on)
+    assert len(gone) == max(1, int(KICK * before.sum())) and not (on & ~before).any()
+    d = ix.durations(before)
+    span, _, end, _ = timing.times(d)
+    slack = timing.slack(d, end, span)
+    kept = np.flatnonzero(on)
+    assert slack[ix.act[gone]].min() >= slack[ix.act[kept]].max() - 1e-12
+
+
 def test_swaps_make_the_heuristic_faster_at_the_same_budget() -> None:
     """The heuristic (round, fill, swap, fill) against round and fill alone, from the same LP."""
     from freezeopt.solve import _fill, _round_and_fill, _round_down
