@@ -19,7 +19,8 @@ sensitivity, no budget and a per-stage cap it is TimelyFreeze's LP), and `heuris
 LP's phase-2 solution down per group, greedily freeze more on the critical path while the budget
 allows, then swap: move a group's freezing from a microbatch with slack to one on the critical
 path — the same counts, so the same signal and caps — and fill again; up to `BATCH` such swaps
-are tried at once before one at a time). The heuristic gives the LP `LP_SHARE` of its time (none
+are tried at once before one at a time; with time left once these moves stop helping, kicks:
+release the frozen keys with the most slack and search again, `KICK`). The heuristic gives the LP `LP_SHARE` of its time (none
 when the LP cannot fit: `LP_BUILD_PER_TIMER`, `LP_SECONDS_PER_PAIR2`, `LP_FLOOR_SHARE`); when the LP does not solve
 in it (1–3 minutes at 64×256), the same search starts from a plan built without the LP and the
 reported bound is the rank-load bound (`freezeopt.balance`), or, with time for it, the better start
