@@ -17,17 +17,17 @@ Modes: `milp` (binary x, warm-started from the better of the heuristic's plan an
 `_dives`), `lp` (x ∈ [0,1], the continuous relaxation; with one group per stage, `flat`
 sensitivity, no budget and a per-stage cap it is TimelyFreeze's LP), and `heuristic` (round the
 LP's phase-2 solution down per group, greedily freeze more on the critical path while the budget
-allows, then swap: move a group's freezing from a microbatch with slack to one on the critical
-path — the same counts, so the same signal and caps — and fill again; up to `BATCH` such swaps
-are tried at once before one at a time; with time left once these moves stop helping, kicks:
-release the frozen keys with the most slack and search again, `KICK`). The heuristic gives the LP `LP_SHARE` of its time (none
-when the LP cannot fit: `LP_BUILD_PER_TIMER`, `LP_SECONDS_PER_PAIR2`, `LP_FLOOR_SHARE`); when the LP does not solve
-in it (1–3 minutes at 64×256), the same search starts from a plan built without the LP and the
-reported bound is the rank-load bound (`freezeopt.balance`), or, with time for it, the better start
-and the higher bound of that and the first-order relaxation (`freezeopt.relax`, `RELAX_SHARE` of
-the time left), so `heuristic` answers within its time limit at every size. Such a start leaves
-much of the budget for the search: while its time is short for that, its fill freezes keys in
-batches (`FILL_BATCH`).
+allows, then swap: move a group's freezing from a microbatch with slack to one on the critical path
+— the same counts, so the same signal and caps — and fill again; up to `BATCH` such swaps are tried
+at once before one at a time; with time left once these moves stop helping, kicks: release the
+frozen keys with the most slack and search again, `KICK`). The heuristic gives the LP `LP_SHARE` of
+its time (none when the LP cannot fit: `LP_BUILD_PER_TIMER`, `LP_SECONDS_PER_PAIR2`,
+`LP_FLOOR_SHARE`); when the LP does not solve in it (1–3 minutes at 64×256), the same search starts
+from a plan built without the LP and the reported bound is the rank-load bound
+(`freezeopt.balance`), or, with time for it, the better start and the higher bound of that and the
+first-order relaxation (`freezeopt.relax`, `RELAX_SHARE` of the time left), so `heuristic` answers
+within its time limit at every size. Such a start leaves much of the budget for the search: while
+its time is short for that, its fill freezes keys in batches (`FILL_BATCH`).
 `time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back). Solvers check
 their limits rarely inside a MIP's root node: CBC solves the root LP first, so `milp` with CBC
 starts no MILP with less time left than the relaxation took, and a CBC run past its limit is
