@@ -1261,29 +1261,22 @@ def _round_down(model: _Model, lp_x: Mapping[Key, float]) -> dict[Key, float]:
 
 def _tally(
     dag: PipelineDag, model: _Model, on: np.ndarray
-) -> tuple[dict[tuple[int, int], int], float, dict[int, float], float]:
+) -> tuple[np.ndarray, float, np.ndarray, float]:
     """What `_fill` and `_swap` keep up to date move by move, for the plan that freezes the keys of
-    `on`: frozen count per (stage, group), signal dropped, each stage's load against its cap, and
-    the cap (inf when there is none)."""
+    `on`: the frozen count per (stage, group) number (`_Index.pairs`), the signal dropped, each
+    stage's load (frozen microbatches weighted by share) against its cap, and the cap (inf when
+    there is none)."""
     ix = model.index
-    count = np.bincount(ix.sg_id[on], minlength=len(ix.pairs)).tolist()
-    counts = {sg: n for sg, n in zip(ix.pairs, count, strict=True) if n}
-    per_stage: dict[int, float] = {}
-    for (s, g), n in counts.items():
-        per_stage[s] = per_stage.get(s, 0.0) + n * model.stage_share[(s, g)]
-    signal = sum(model.loss[sg][n] for sg, n in counts.items())
-    return counts, signal, per_stage, _stage_cap(dag, model)
+    count = np.bincount(ix.sg_id[on], minlength=len(ix.pairs))
+    load = np.bincount(ix.pair_stage, weights=count * ix.pair_share, minlength=dag.n_stages)
+    signal = sum(model.loss[sg][n] for sg, n in zip(ix.pairs, count.tolist(), strict=True) if n)
+    return count, signal, load, _stage_cap(dag, model)
 
 
 def _stage_cap(dag: PipelineDag, model: _Model) -> float:
     """A stage's largest load (frozen microbatches weighted by share; inf without a stage cap)."""
     cap = model.opts.stage_cap
     return math.inf if cap is None else cap * dag.n_microbatches + 1e-6
-
-
-def _marginal(model: _Model, sg: tuple[int, int], n: int) -> float:
-    """Signal of group `sg`'s n-th frozen microbatch (convex curve: never falls with n)."""
-    return model.loss[sg][n] - model.loss[sg][n - 1]
 
 
 def _fill(
@@ -1305,14 +1298,7 @@ def _fill(
     if clock is not None and clock.expired():
         return False
     ix = model.index
-    counts, signal, per_stage, stage_cap = _tally(dag, model, on)
-    number = {sg: j for j, sg in enumerate(ix.pairs)}
-    count = np.zeros(len(ix.pairs), dtype=np.int64)
-    for sg, n in counts.items():
-        count[number[sg]] = n
-    load = np.zeros(dag.n_stages)
-    for st, x in per_stage.items():
-        load[st] = x
+    count, signal, load, stage_cap = _tally(dag, model, on)
     budget = model.opts.budget + 1e-9
     d = ix.durations(on)
     span, _, _, path = timing.times(d)
@@ -1509,8 +1495,7 @@ def _swap(
     d = ix.durations(on)
     span, _, end, path = timing.times(d)
     budget = model.opts.budget + 1e-9
-    share = model.stage_share
-    counts, signal, per_stage, stage_cap = _tally(dag, model, on)
+    count, signal, load, stage_cap = _tally(dag, model, on)
     moved = False
     for _ in range(tries):
         if clock is not None and clock.passed():
@@ -1534,26 +1519,38 @@ def _swap(
         donor = donor_of[ix.sg_id[keys]]
         move_in, move_out = keys[donor >= 0].tolist(), donor[donor >= 0].tolist()
         lone = keys[donor < 0].tolist() if cross else []
-        by_freed: list[int] = []
-        if lone:  # the groups with a donor, by the signal their release frees (ties: by group)
+        # the groups with a donor, by the signal their release frees (ties: by group): number,
+        # signal freed, stage, share (Python lists: this loop ran slower on numpy scalars)
+        by_freed: list[tuple[int, float, int, float]] = []
+        if lone:
             has = np.flatnonzero(n_top)
-            n_has = np.array([counts[ix.pairs[j]] for j in has.tolist()], dtype=np.int64)
-            by_freed = has[np.lexsort((has, -ix.marginal[has, n_has]))].tolist()
+            freed_has = ix.marginal[has, count[has]]
+            has = has[np.lexsort((has, -freed_has))]
+            by_freed = list(
+                zip(
+                    has.tolist(),
+                    ix.marginal[has, count[has]].tolist(),
+                    ix.pair_stage[has].tolist(),
+                    ix.pair_share[has].tolist(),
+                    strict=True,
+                )
+            )
+            n_of, load_of = count.tolist(), load.tolist()
+            stage_of, share_of = ix.pair_stage.tolist(), ix.pair_share.tolist()
         for i in lone:
-            sg = ix.sg[i]
-            n = counts.get(sg, 0)
+            k = int(ix.sg_id[i])
+            n = n_of[k]
             if n + 1 > model.kmax:
                 continue
-            cost_in = _marginal(model, sg, n + 1)
-            for j in by_freed:
-                dg = ix.pairs[j]
-                freed = _marginal(model, dg, counts[dg])
+            cost_in = float(ix.marginal[k, n + 1])
+            st = stage_of[k]
+            for j, freed, st_j, share_j in by_freed:
                 if signal + cost_in - freed > budget:
                     break  # later donors free less
-                load = per_stage.get(sg[0], 0.0) + share[sg]
-                if dg[0] == sg[0]:
-                    load -= share[dg]
-                if load <= stage_cap:
+                more = load_of[st] + share_of[k]
+                if st_j == st:
+                    more -= share_j
+                if more <= stage_cap:
                     move_in.append(i)
                     move_out.append(spare[j][0])
                     break
@@ -1590,15 +1587,15 @@ def _swap(
             t_d = ix.retime(d, on, (i, donor))
             t_span, _, t_end, t_path = timing.times(t_d)
             if t_span < span - 1e-9:
-                sg_in, sg_out = ix.sg[i], ix.sg[donor]
-                if sg_in != sg_out:
-                    signal += _marginal(model, sg_in, counts.get(sg_in, 0) + 1) - _marginal(
-                        model, sg_out, counts[sg_out]
+                k_in, k_out = int(ix.sg_id[i]), int(ix.sg_id[donor])
+                if k_in != k_out:
+                    signal += float(ix.marginal[k_in, count[k_in] + 1]) - float(
+                        ix.marginal[k_out, count[k_out]]
                     )
-                    counts[sg_in] = counts.get(sg_in, 0) + 1
-                    counts[sg_out] -= 1
-                    per_stage[sg_in[0]] = per_stage.get(sg_in[0], 0.0) + share[sg_in]
-                    per_stage[sg_out[0]] -= share[sg_out]
+                    count[k_in] += 1
+                    count[k_out] -= 1
+                    load[ix.pair_stage[k_in]] += ix.pair_share[k_in]
+                    load[ix.pair_stage[k_out]] -= ix.pair_share[k_out]
                 d, span, end, path, improved, moved = t_d, t_span, t_end, t_path, True, True
                 break
             on[i], on[donor] = False, True
