@@ -14,9 +14,10 @@ import pytest
 from freezeopt.dag import build_dag
 from freezeopt.lp_fast import FastLP
 from freezeopt.relax import Relaxation, _Knapsack, relax
+from freezeopt.search import stage_load_cap
 from freezeopt.sensitivity import estimate_signal
 from freezeopt.simulate import Timer
-from freezeopt.solve import SolveOptions, _Model, _stage_cap
+from freezeopt.solve import SolveOptions, _Model
 from tests.conftest import SHAPES, make_profile
 
 CASES = [
@@ -40,7 +41,7 @@ def _relax(m: _Model, iterations: int = 100_000, deadline: float = math.inf) -> 
         kmax=m.kmax,
         budget=m.opts.budget,
         stage_share=m.stage_share,
-        stage_cap=_stage_cap(m.dag, m),
+        stage_cap=stage_load_cap(m.dag, m),
         deadline=deadline,
         max_iterations=iterations,
     )
@@ -55,7 +56,7 @@ def _knapsack(m: _Model) -> _Knapsack:
         m.kmax,
         m.opts.budget,
         m.stage_share,
-        _stage_cap(m.dag, m),
+        stage_load_cap(m.dag, m),
     )
 
 
@@ -350,7 +351,14 @@ def test_groups_with_different_actions_keep_their_own_order() -> None:
         if i % 2:
             del by_group[sg][i % len(by_group[sg])]  # every other group loses one microbatch
     ks = _Knapsack(
-        m.dag, m.timer, by_group, m.loss, m.kmax, m.opts.budget, m.stage_share, _stage_cap(m.dag, m)
+        m.dag,
+        m.timer,
+        by_group,
+        m.loss,
+        m.kmax,
+        m.opts.budget,
+        m.stage_share,
+        stage_load_cap(m.dag, m),
     )
     assert len(ks.osize) > len({s for s, _ in by_group})
     rng = np.random.default_rng(1)

@@ -12,7 +12,7 @@ import pytest
 from freezeopt.dag import build_dag
 from freezeopt.errors import InputError
 from freezeopt.sensitivity import estimate_signal
-from freezeopt.simulate import Timer, simulate
+from freezeopt.simulate import simulate
 from freezeopt.solve import SolveOptions, solve
 from freezeopt.timelyfreeze import solve_timelyfreeze_lp
 from tests.conftest import SHAPES, make_profile
@@ -154,7 +154,7 @@ def test_bad_options(kw: dict, msg: str) -> None:
         _solve(make_profile(), **kw)
 
 
-# --- the heuristic's local search -------------------------------------------------------------------
+# --- the heuristic's local search (its moves: test_search.py) ----------------------------------
 
 
 def _model(profile, **kw):
@@ -169,23 +169,24 @@ def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatc
     """Past the deadline the fill and swap searches stop: the answer is the rounded-down LP plan
     (feasible), the status stays `heuristic` and a note says why; with time left they run."""
     from freezeopt import solve as solve_mod
-    from freezeopt.solve import _Deadline, _round_and_fill, _round_down
+    from freezeopt.search import Deadline
+    from freezeopt.solve import _round_and_fill, _round_down
 
     p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3)
     dag, model = _model(p)
     _, lp_x = model.solve_lp(math.inf, write=None)
-    clock = _Deadline(0.0)
+    clock = Deadline(0.0)
     assert _round_and_fill(dag, model, lp_x, clock) == _round_down(model, lp_x) and clock.hit
-    clock = _Deadline()
+    clock = Deadline()
     full = _round_and_fill(dag, model, lp_x, clock)
     assert not clock.hit and full != _round_down(model, lp_x)
 
-    class Passed(_Deadline):
+    class Passed(Deadline):
         def passed(self) -> bool:
             self.hit = True
             return True
 
-    monkeypatch.setattr(solve_mod, "_Deadline", Passed)
+    monkeypatch.setattr(solve_mod, "Deadline", Passed)
     opts = SolveOptions(mode="heuristic", budget=0.1)
     r = solve(dag, estimate_signal(p, opts.sensitivity), opts)
     assert r.status == "heuristic" and r.signal_dropped <= 0.1 + 1e-9
@@ -199,193 +200,6 @@ def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatc
     _, start = model.lp_free(0.0)
     assert r.status == "heuristic_fallback" and r.frozen == dict(sorted(start.items())) and start
     assert any("stopped at the time limit" in n for n in r.notes)
-
-
-def _moved(move, dag, model, plan, *args, **kw):  # type: ignore[no-untyped-def]
-    """A search move (`_fill`, `_swap`: they change an array of frozen keys) run on a plan: the
-    new plan, or `plan` itself when the move changed nothing."""
-    on = model.index.mask(plan)
-    return model.index.plan(model, on) if move(dag, model, on, *args, **kw) else plan
-
-
-def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Freeze each group in the microbatches with the most slack (where it saves least): the swap
-    search must move them onto the critical path, keep every count (so the signal), and shorten
-    the step."""
-    from freezeopt.solve import _swap
-
-    dag, model = _model(make_profile(ranks=4, microbatches=8, groups=2), budget=0.3)
-    timing = Timer(dag)
-    d = timing.durations({})
-    span, end, _ = timing.run(d)
-    slack = timing.slack(d, end, span)
-    plan: dict = {}
-    for _sg, keys in sorted(model.by_group.items()):
-        by_slack = sorted(keys, key=lambda k: (-slack[timing.idx[k[0]]], str(k[0])))
-        plan.update({k: 1.0 for k in by_slack[:2]})
-    placed = timing.run(timing.durations(plan))[0]
-    out = _moved(_swap, dag, model, plan, 200, timing)
-    assert out is not plan
-    assert model.counts(out) == model.counts(plan)
-    assert model.signal_of(out) == pytest.approx(model.signal_of(plan), abs=1e-15)
-    assert simulate(dag, dag.durations(out)).makespan < placed - 1.0
-    again = _moved(_swap, dag, model, out, 200, timing)  # a second pass may improve, never worsen
-    assert (
-        simulate(dag, dag.durations(again)).makespan <= simulate(dag, dag.durations(out)).makespan
-    )
-
-    # one move per re-timing keeps the same invariants; the batch path is what made `out` here
-    import freezeopt.solve as solve_mod
-
-    monkeypatch.setattr(solve_mod, "BATCH", 1)
-    single = _moved(_swap, dag, model, plan, 200, timing)
-    assert model.counts(single) == model.counts(plan)
-    assert simulate(dag, dag.durations(single)).makespan < placed - 1.0
-    assert single != out
-
-
-@pytest.mark.parametrize("stage_cap", [None, 0.2])
-def test_kicks_release_slack_keys_and_keep_only_faster_plans(stage_cap: float | None) -> None:
-    """`_search` with kicks, no deadline: it ends (each kick that does not help doubles the share
-    released, up to `KICK_MAX`), its plan keeps budget and caps, and it is never slower than the
-    search without kicks from the same start; `_release` unfreezes the keys with the most slack."""
-    import numpy as np
-
-    from freezeopt.solve import KICK, _release, _round_down, _search
-
-    p = make_profile(ranks=4, microbatches=16, groups=3)
-    dag, model = _model(p, budget=0.1, stage_cap=stage_cap, solver="highs")
-    _, lp_x = model.solve_lp(math.inf, write=None)
-    start = _round_down(model, lp_x)
-    plain = _search(dag, model, start)
-    kicked = _search(dag, model, start, kicks=True)
-    assert model.fits(kicked)
-    assert model.makespan(kicked) <= model.makespan(plain) + 1e-9
-
-    ix, timing = model.index, model.timer
-    on = ix.mask(plain)
-    before = on.copy()
-    _release(model, on, KICK)
-    gone = np.flatnonzero(before & ~on)
-    assert len(gone) == max(1, int(KICK * before.sum())) and not (on & ~before).any()
-    d = ix.durations(before)
-    span, _, end, _ = timing.times(d)
-    slack = timing.slack(d, end, span)
-    kept = np.flatnonzero(on)
-    assert slack[ix.act[gone]].min() >= slack[ix.act[kept]].max() - 1e-12
-
-
-def test_swaps_make_the_heuristic_faster_at_the_same_budget() -> None:
-    """The heuristic (round, fill, swap, fill) against round and fill alone, from the same LP."""
-    from freezeopt.solve import _fill, _round_and_fill, _round_down
-
-    p = make_profile(ranks=4, microbatches=16, groups=3)
-    dag, model = _model(p, budget=0.1, solver="highs")
-    _, lp_x = model.solve_lp(math.inf, write=None)
-    fill_only = _moved(_fill, dag, model, _round_down(model, lp_x), 200, Timer(dag))
-    heur = _round_and_fill(dag, model, lp_x)
-    assert model.fits(heur)
-    before = simulate(dag, dag.durations(fill_only)).makespan
-    assert simulate(dag, dag.durations(heur)).makespan < before - 1e-6
-
-
-@pytest.mark.parametrize("stage_cap", [None, 0.2])
-def test_cross_group_swaps_keep_budget_and_caps(stage_cap: float | None) -> None:
-    """Moves between groups change counts: the budget, group caps and stage caps must still hold
-    after them, and no accepted move lengthens the step."""
-    import random
-
-    from freezeopt.solve import _swap
-
-    p = make_profile(ranks=4, microbatches=8, groups=3)
-    dag, model = _model(p, budget=0.05, group_cap=0.5, stage_cap=stage_cap)
-    timing = Timer(dag)
-    rng = random.Random(3)
-    moved = 0
-    for _ in range(6):  # random plans that fit: frozen wherever, so there is work to move
-        plan: dict = {}
-        for k in rng.sample(model.keys, len(model.keys)):
-            if model.fits({**plan, k: 1.0}):
-                plan[k] = 1.0
-        out = _moved(_swap, dag, model, plan, 200, timing, cross=True)
-        assert model.fits(out)
-        before = timing.run(timing.durations(plan))[0]
-        assert timing.run(timing.durations(out))[0] <= before
-        moved += out is not plan and model.counts(out) != model.counts(plan)
-    assert moved, "some move changed the counts"
-
-
-@pytest.mark.parametrize(
-    ("budget", "group_cap", "stage_cap"), [(0.3, 0.75, None), (0.05, 0.5, None), (0.3, 0.75, 0.2)]
-)
-def test_a_batched_fill_freezes_several_keys_a_retiming_within_budget_and_caps(
-    budget: float, group_cap: float, stage_cap: float | None
-) -> None:
-    """From nothing frozen, the fill with batches, its time short: budget, group caps and stage
-    caps hold, the step is shorter, and it froze more keys than it re-timed the DAG (so batches
-    were kept). With time enough (no deadline) it freezes one key a try."""
-    from freezeopt.solve import _Deadline, _fill
-
-    class Short(_Deadline):  # every try finds the time left short, and none is the last
-        def expired(self) -> bool:
-            return False
-
-        def passed(self) -> bool:
-            return False
-
-    p = make_profile(ranks=4, microbatches=16, groups=3)
-    dag, model = _model(p, budget=budget, group_cap=group_cap, stage_cap=stage_cap)
-    timing = Timer(dag)
-    calls = 0
-    times = timing.times
-
-    def counted(d):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        return times(d)
-
-    timing.times = counted  # type: ignore[method-assign]
-    out = _moved(_fill, dag, model, {}, 10_000, timing, clock=Short(0.0), batch=16)
-    assert model.fits(out)
-    assert len(out) > calls, (len(out), calls)
-    t0 = model.makespan({})
-    assert model.makespan(out) < t0 - 1e-6
-    for clock in (None, _Deadline()):  # as single keys: within budget and caps, a try a key
-        calls = 0
-        one = _moved(_fill, dag, model, {}, 10_000, timing, clock=clock, batch=16)
-        assert model.fits(one) and len(one) <= calls
-        assert one == _moved(_fill, dag, model, {}, 10_000, timing, clock=clock)
-
-
-def test_a_batch_takes_keys_in_order_while_caps_and_budget_hold_together() -> None:
-    """`_batch` counts its own picks: a group's later keys pay its curve's later slopes and stop
-    at the group cap, and the stage caps and the budget hold for the batch as a whole."""
-    import numpy as np
-
-    from freezeopt.solve import _batch, _tally
-
-    p = make_profile(ranks=2, microbatches=8, groups=2)
-    dag, model = _model(p, budget=0.2, group_cap=0.5, stage_cap=0.4)
-    ix = model.index
-    _, signal, _, cap = _tally(dag, model, np.zeros(len(ix.sg), dtype=bool))
-    count = np.zeros(len(ix.pairs), dtype=np.int64)
-    load = np.zeros(dag.n_stages)
-    ranked = np.arange(len(model.keys))  # every key, in key order
-    chosen, added, sig = _batch(model, ranked, count, load, signal, cap, len(model.keys))
-    plan = {model.keys[i]: 1.0 for i in chosen}
-    assert chosen == sorted(chosen) and len(chosen) > 1
-    assert model.fits(plan)
-    assert sig == pytest.approx(model.signal_of(plan))
-    assert sum(added.values()) == len(chosen)
-    for k, a in added.items():
-        assert a == sum(ix.sg_id[i] == k for i in chosen) and a <= model.kmax
-    # nothing left out of the batch would still fit beside it
-    left = [model.keys[i] for i in range(len(model.keys)) if i not in set(chosen)]
-    assert all(not model.fits({**plan, k: 1.0}) for k in left)
-    few, _, _ = _batch(model, ranked, count, load, signal, cap, 3)
-    assert few == chosen[:3]
 
 
 def test_model_makespan_is_simulates_step_time_for_any_plan() -> None:
@@ -429,36 +243,38 @@ def test_dive_ends_with_an_integer_plan_that_fits(seed: int) -> None:
     budget and caps, and cannot beat the LP bound. Cut short after the first LP, it is that LP
     rounded down, the heuristic's start (the dive solves with HiGHS, as the model here does); with
     no time for the first LP, it is empty."""
-    from freezeopt.solve import _Deadline, _dive, _round_down
+    from freezeopt.search import Deadline
+    from freezeopt.solve import _dive, _round_down
 
     p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
     cap = 0.3 if seed == 2 else None
     _dag, model = _model(p, mode="milp", solver="highs", budget=0.1, stage_cap=cap)
     t1, lp_x = model.solve_lp(math.inf, write=None)
-    plan = _dive(model, _Deadline())
+    plan = _dive(model, Deadline())
     assert plan and set(plan.values()) == {1.0} and model.fits(plan)
     assert model.makespan(plan) >= t1 - 1e-6
 
-    class Passed(_Deadline):  # the deadline passes right after the first LP
+    class Passed(Deadline):  # the deadline passes right after the first LP
         def passed(self) -> bool:
             self.hit = True
             return True
 
     assert _dive(model, Passed()) == _round_down(model, lp_x)
-    assert _dive(model, _Deadline(0.0)) == {}  # no time for the first LP: no plan
+    assert _dive(model, Deadline(0.0)) == {}  # no time for the first LP: no plan
 
 
 def test_milp_starts_from_the_better_of_rounding_and_diving() -> None:
     """On the first instance the dive finds a faster plan than rounding and the MILP starts from it
     (a note says so); on the second rounding wins and the answer is never slower than it."""
-    from freezeopt.solve import _Deadline, _dives, _round_and_fill
+    from freezeopt.search import Deadline
+    from freezeopt.solve import _dives, _round_and_fill
 
     for seed, dive_wins in ((1, True), (6, False)):
         p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
         dag, model = _model(p, mode="milp", solver="highs", budget=0.1)
         _, lp_x = model.solve_lp(math.inf, write=None)
         rounded = model.makespan(_round_and_fill(dag, model, lp_x))
-        dived = model.makespan(_dives(dag, model, _Deadline(), _Deadline()))
+        dived = model.makespan(_dives(dag, model, Deadline(), Deadline()))
         assert (dived < rounded) == dive_wins
         opts = SolveOptions(mode="milp", budget=0.1, time_limit=30, solver="highs")
         r = solve(dag, estimate_signal(p, opts.sensitivity), opts)
@@ -496,7 +312,8 @@ def test_milp_with_cbc_does_not_start_when_its_root_lp_would_outlast_the_deadlin
 def test_milp_dives_twice_and_keeps_the_faster_plan() -> None:
     """With time for both, `_dives` dives from the relaxation's own model and from a cold one and
     keeps the faster plan after the search."""
-    from freezeopt.solve import _Deadline, _dive, _dives, _search
+    from freezeopt.search import Deadline, search
+    from freezeopt.solve import _dive, _dives
 
     for seed in (1, 2, 5):
         p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
@@ -504,10 +321,10 @@ def test_milp_dives_twice_and_keeps_the_faster_plan() -> None:
         model.solve_lp(math.inf, write=None)
         lp = model.take_lp()
         assert lp is not None
-        taken = model.makespan(_search(dag, model, _dive(model, _Deadline(), lp)))
-        cold = model.makespan(_search(dag, model, _dive(model, _Deadline())))
+        taken = model.makespan(search(dag, model, _dive(model, Deadline(), lp)))
+        cold = model.makespan(search(dag, model, _dive(model, Deadline())))
         model.solve_lp(math.inf, write=None)
-        best = _dives(dag, model, _Deadline(), _Deadline())
+        best = _dives(dag, model, Deadline(), Deadline())
         assert model.fits(best)
         assert model.makespan(best) == pytest.approx(min(taken, cold), rel=1e-12), seed
         assert model.take_lp() is None  # the first dive took it
@@ -582,34 +399,6 @@ def test_without_the_lp_the_first_order_relaxation_tightens_the_bound_and_may_st
     t_balanced = float(note.split("rank-balanced ")[-1].split(" ms")[0])
     from_relaxed = t_rounded < t_balanced * (1 + solve_mod.RELAXED_WITHIN) - 1e-9
     assert ("relaxation's plan rounded" in note) == from_relaxed, note
-
-
-def test_the_search_clock_stops_before_a_try_would_end_past_the_deadline(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Tries of 50 ms against a deadline at 0.26 s: the clock stops after the fifth try (0.25 s)
-    rather than start a sixth that would end at 0.30 s; `expired` and the time before
-    `start_search` do not count as tries."""
-    from freezeopt import solve as solve_mod
-
-    now = [0.0]
-    monkeypatch.setattr(solve_mod.time, "perf_counter", lambda: now[0])
-    clock = solve_mod._Deadline(0.26)
-    assert not clock.expired()
-    now[0] = 0.2  # set-up before the search, not a try
-    clock.start_search()
-    now[0] = 0.0
-    clock.start_search()
-    tries = 0
-    while not clock.passed():
-        tries += 1
-        now[0] += 0.05
-    assert tries == 5 and clock.hit and now[0] == pytest.approx(0.25)
-    # a clock that only expires: past `at` and not before
-    late = solve_mod._Deadline(0.3)
-    assert not late.expired() and not late.hit
-    now[0] = 0.31
-    assert late.expired() and late.passed()
 
 
 def test_cbc_past_its_time_limit_is_interrupted_and_keeps_its_incumbent(

@@ -125,13 +125,13 @@ def test_the_child_loads_the_compiled_passes_before_it_says_ready() -> None:
 
     code = """
 import io, os, pickle, sys
-import freezeopt.relax as relax, freezeopt.simulate as simulate, freezeopt.solve as solve
+import freezeopt.relax as relax, freezeopt.simulate as simulate, freezeopt.search as search
 from freezeopt.solver_process import _serve
 out = io.BytesIO()
 _serve(os.getppid(), io.BytesIO(b""), out)
 out.seek(0)
 first = pickle.load(out)
-kernels = (*simulate._passes(), *relax._passes()[:5], solve._donor_pass())  # softplus: inside them
+kernels = (*simulate._passes(), *relax._passes()[:5], search._donor_pass())  # softplus: inside them
 loaded = [len(f.signatures) > 0 for f in kernels]
 print(first[0], len(loaded), all(loaded))
 """
