@@ -45,6 +45,7 @@ __all__ = [
     "load_search_kernels",
     "search",
     "stage_load_cap",
+    "tally",
 ]
 
 Key = tuple[Action, int]
@@ -328,13 +329,13 @@ def _release(model: Model, on: np.ndarray, share: float) -> None:
     on[frozen[np.argsort(-slack[ix.act[frozen]], kind="stable")[:k]]] = False
 
 
-def _tally(
+def tally(
     dag: PipelineDag, model: Model, on: np.ndarray
 ) -> tuple[np.ndarray, float, np.ndarray, float]:
-    """What `_fill` and `_swap` keep up to date move by move, for the plan that freezes the keys of
-    `on`: the frozen count per (stage, group) number (`KeyIndex.pairs`), the signal dropped, each
-    stage's load (frozen microbatches weighted by share) against its cap, and the cap (inf when
-    there is none)."""
+    """What `_fill`, `_swap` and the LP dive (`freezeopt.solve`) keep up to date move by move, for
+    the plan that freezes the keys of `on`: the frozen count per (stage, group) number
+    (`KeyIndex.pairs`), the signal dropped, each stage's load (frozen microbatches weighted by
+    share) against its cap, and the cap (inf when there is none)."""
     ix = model.index
     count = np.bincount(ix.sg_id[on], minlength=len(ix.pairs))
     load = np.bincount(ix.pair_stage, weights=count * ix.pair_share, minlength=dag.n_stages)
@@ -367,7 +368,7 @@ def _fill(
     if clock is not None and clock.expired():
         return False
     ix = model.index
-    count, signal, load, stage_cap = _tally(dag, model, on)
+    count, signal, load, stage_cap = tally(dag, model, on)
     budget = model.opts.budget + 1e-9
     d = ix.durations(on)
     span, _, _, path = timing.times(d)
@@ -558,7 +559,8 @@ def _swap(
     d = ix.durations(on)
     span, _, end, path = timing.times(d)
     budget = model.opts.budget + 1e-9
-    count, signal, load, stage_cap = _tally(dag, model, on)
+    count, signal, load, stage_cap = tally(dag, model, on)
+    stage_of, share_of = ix.pair_stage.tolist(), ix.pair_share.tolist()  # per (stage, group)
     moved = False
     for _ in range(tries):
         if clock is not None and clock.passed():
@@ -587,19 +589,19 @@ def _swap(
         by_freed: list[tuple[int, float, int, float]] = []
         if lone:
             has = np.flatnonzero(n_top)
-            freed_has = ix.marginal[has, count[has]]
-            has = has[np.lexsort((has, -freed_has))]
+            freed = ix.marginal[has, count[has]]
+            by = np.lexsort((has, -freed))
+            ranked_has = has[by].tolist()
             by_freed = list(
                 zip(
-                    has.tolist(),
-                    ix.marginal[has, count[has]].tolist(),
-                    ix.pair_stage[has].tolist(),
-                    ix.pair_share[has].tolist(),
+                    ranked_has,
+                    freed[by].tolist(),
+                    [stage_of[j] for j in ranked_has],
+                    [share_of[j] for j in ranked_has],
                     strict=True,
                 )
             )
             n_of, load_of = count.tolist(), load.tolist()
-            stage_of, share_of = ix.pair_stage.tolist(), ix.pair_share.tolist()
         for i in lone:
             k = int(ix.sg_id[i])
             n = n_of[k]

@@ -76,6 +76,7 @@ from freezeopt.search import (
     load_search_kernels,
     search,
     stage_load_cap,
+    tally,
 )
 from freezeopt.sensitivity import Estimator, GroupSignal
 from freezeopt.simulate import Timer, simulate
@@ -921,12 +922,6 @@ def _dive(model: _Model, clock: Deadline, lp: FastLP | None = None) -> dict[Key,
         return {}
     finally:
         model.solver_seconds += time.perf_counter() - t0
-    pairs = sorted(set(ix.sg))
-    loss = np.array([model.loss[sg] for sg in pairs])  # loss[pair, count]
-    share = np.array([model.stage_share[sg] for sg in pairs])
-    stage_of = np.array([s for s, _ in pairs])
-    stage_cap = stage_load_cap(dag, model)
-    rows = np.arange(len(pairs))
     group = ix.group_a
     began, rounds = time.perf_counter(), 0
     while not clock.passed():
@@ -935,9 +930,7 @@ def _dive(model: _Model, clock: Deadline, lp: FastLP | None = None) -> dict[Key,
         frac = np.flatnonzero((x > _EPS) & ~ones)
         if not len(frac):
             break
-        counts = np.bincount(ix.sg_id[ones], minlength=len(pairs))
-        signal = float(loss[rows, counts].sum())
-        per_stage = np.bincount(stage_of, weights=counts * share, minlength=dag.n_stages)
+        counts, signal, per_stage, stage_cap = tally(dag, model, ones)
         take = math.ceil(DIVE_STEP * len(frac))
         if rounds:  # fix more per round when DIVE_STEP's pace would not finish by the deadline
             per_round = (time.perf_counter() - began) / rounds
@@ -950,19 +943,19 @@ def _dive(model: _Model, clock: Deadline, lp: FastLP | None = None) -> dict[Key,
         for i in frac[order].tolist():
             p = int(ix.sg_id[i])
             n = int(counts[p]) + 1
-            s = int(stage_of[p])
+            s = int(ix.pair_stage[p])
             fits = (
                 n <= model.kmax
-                and per_stage[s] + share[p] <= stage_cap
-                and signal + loss[p, n] - loss[p, n - 1] <= o.budget + 1e-9
+                and per_stage[s] + ix.pair_share[p] <= stage_cap
+                and signal + ix.marginal[p, n] <= o.budget + 1e-9
             )
             if not fits:
                 drop.append(i)
             elif len(pick) < take:
                 pick.append(i)
                 counts[p] = n
-                per_stage[s] += share[p]
-                signal += loss[p, n] - loss[p, n - 1]
+                per_stage[s] += ix.pair_share[p]
+                signal += ix.marginal[p, n]
         lp.fix(ones=pick, zeros=drop)
         t0 = time.perf_counter()
         try:

@@ -10,7 +10,7 @@ import pytest
 
 import freezeopt.search as search_mod
 from freezeopt.dag import build_dag
-from freezeopt.search import KICK, Deadline, _batch, _fill, _release, _swap, _tally, search
+from freezeopt.search import KICK, Deadline, _batch, _fill, _release, _swap, search, tally
 from freezeopt.sensitivity import estimate_signal
 from freezeopt.simulate import Timer, simulate
 from freezeopt.solve import SolveOptions, _Model, _round_and_fill, _round_down
@@ -172,7 +172,7 @@ def test_a_batch_takes_keys_in_order_while_caps_and_budget_hold_together() -> No
     p = make_profile(ranks=2, microbatches=8, groups=2)
     dag, model = _model(p, budget=0.2, group_cap=0.5, stage_cap=0.4)
     ix = model.index
-    _, signal, _, cap = _tally(dag, model, np.zeros(len(ix.sg), dtype=bool))
+    _, signal, _, cap = tally(dag, model, np.zeros(len(ix.sg), dtype=bool))
     count = np.zeros(len(ix.pairs), dtype=np.int64)
     load = np.zeros(dag.n_stages)
     ranked = np.arange(len(model.keys))  # every key, in key order
