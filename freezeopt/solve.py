@@ -14,7 +14,7 @@ The objective is lexicographic, in two solves rather than a big-M constant: phas
 phase 2 minimises the signal dropped `Σ ℓ` subject to `T ≤ (1 + tolerance)·T1`.
 
 Modes: `milp` (binary x, warm-started from the better of the heuristic's plan and the LP dives',
-`_dives`), `lp` (x ∈ [0,1], the continuous relaxation; with one group per stage, `flat`
+`freezeopt.dive`), `lp` (x ∈ [0,1], the continuous relaxation; with one group per stage, `flat`
 sensitivity, no budget and a per-stage cap it is TimelyFreeze's LP), and `heuristic` (round the
 LP's phase-2 solution down per group, then search, `freezeopt.search`: greedily freeze more on
 the critical path while the budget allows, then swap: move a group's freezing from a microbatch
@@ -31,7 +31,7 @@ freezes keys in batches (`freezeopt.search.FILL_BATCH`).
 `time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back). Solvers check
 their limits rarely inside a MIP's root node: CBC solves the root LP first, so `milp` with CBC
 starts no MILP with less time left than the relaxation took, and a CBC run past its limit is
-stopped (`_CbcWatchdog`); HiGHS's phase 2 (whose first root
+stopped (`freezeopt.pulp_solvers.CbcWatchdog`); HiGHS's phase 2 (whose first root
 step took about 9 s at 16×64 with 8 groups) runs in a child process killed at the deadline
 (`freezeopt.highs_child`), and phase 1's overrun of its half of the time comes out of phase 2's.
 Every mode reports the no-freeze step time, the all-frozen floor, the LP bound and the step time
@@ -49,9 +49,6 @@ import contextlib
 import functools
 import gc
 import math
-import os
-import signal as signals
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -64,10 +61,12 @@ import pulp
 from freezeopt.actions import Action
 from freezeopt.balance import balanced_plan, rank_bound, rank_needs
 from freezeopt.dag import PipelineDag
+from freezeopt.dive import dives, round_down
 from freezeopt.errors import InputError, LpUnsolved, SolverError
 from freezeopt.fileio import stdout_to_stderr
 from freezeopt.highs_child import solve_mip_until
 from freezeopt.lp_fast import FastLP, LpCache, phase2_limit
+from freezeopt.pulp_solvers import highs_status, run_pulp, write_pulp_model
 from freezeopt.relax import Relaxation, relax
 from freezeopt.search import (
     FILL_BATCH,
@@ -76,7 +75,6 @@ from freezeopt.search import (
     load_search_kernels,
     search,
     stage_load_cap,
-    tally,
 )
 from freezeopt.sensitivity import Estimator, GroupSignal
 from freezeopt.simulate import Timer, simulate
@@ -358,7 +356,7 @@ def _solve(
             if not clock.hit:  # dive from the LP in up to half the time left (all if no MILP)
                 share = 0.5 if model.no_time_for_milp(deadline) is None else 1.0
                 dive_clock = Deadline(time.perf_counter() + share * _left(deadline))
-                dived = _dives(dag, model, dive_clock, clock)
+                dived = dives(dag, model, dive_clock, clock)
                 if dived:
                     t_round, t_dive = model.makespan(frozen), model.makespan(dived)
                     if t_dive < t_round - 1e-9:
@@ -603,7 +601,7 @@ class _Model:
         o = self.opts
         began = time.perf_counter()
         p1, v1 = self.build(integer=integer, t_max=None)
-        _write(p1, write, phase=1)
+        write_pulp_model(p1, write, phase=1)
         if start is not None:
             self._warm(p1, v1, start)
         limit1 = _left(deadline) / 2 if integer else _left(deadline)
@@ -611,7 +609,7 @@ class _Model:
         # from a basis) beats simplex by 3x and more from a few thousand actions up.
         ipm = not integer and len(self.dag.order) >= _IPM_FROM
         st1 = self._timed(
-            lambda: _run(p1, o, time_limit=limit1, warm=start is not None, barrier=ipm)
+            lambda: run_pulp(p1, o, time_limit=limit1, warm=start is not None, barrier=ipm)
         )
         if not integer:
             self.relax_seconds = time.perf_counter() - began
@@ -625,7 +623,7 @@ class _Model:
             t1 = float(v1.T.value())
         t_max = self.t_limit(t1)
         if write is not None:
-            _write(self.build(integer=integer, t_max=t_max)[0], write, phase=2)
+            write_pulp_model(self.build(integer=integer, t_max=t_max)[0], write, phase=2)
         if o.solver == "highs":
             st2, plan2 = self._timed_highs_phase2(p1, v1, t_max, deadline)
         else:
@@ -633,7 +631,7 @@ class _Model:
             if integer:
                 self._warm(p2, v2, plan1)
             st2 = self._timed(
-                lambda: _run(p2, o, time_limit=_left(deadline), warm=integer, barrier=ipm)
+                lambda: run_pulp(p2, o, time_limit=_left(deadline), warm=integer, barrier=ipm)
             )
             plan2 = {k: _clip(v.value()) for k, v in v2.x.items()}
         if st2 not in ("optimal", "time_limit"):
@@ -673,7 +671,7 @@ class _Model:
             h.setOptionValue("time_limit", limit)
             with stdout_to_stderr():
                 h.run()
-            status = _highs_status(h)
+            status = highs_status(h)
             col = list(h.getSolution().col_value)
             return status, {k: _clip(col[v.index]) for k, v in v1.x.items()}
         finally:
@@ -732,8 +730,10 @@ class _Model:
         if self.lp_cache is None:  # a model of this solve alone: the dive may take it over
             self._spare_lp = cache.take()
         if write is not None:
-            _write(self.build(integer=False, t_max=None)[0], write, phase=1)
-            _write(self.build(integer=False, t_max=self.t_limit(ans.t1))[0], write, phase=2)
+            write_pulp_model(self.build(integer=False, t_max=None)[0], write, phase=1)
+            write_pulp_model(
+                self.build(integer=False, t_max=self.t_limit(ans.t1))[0], write, phase=2
+            )
         return ans.t1, ans.x
 
     def solve_milp(
@@ -850,136 +850,7 @@ def _round_and_fill(
 ) -> dict[Key, float]:
     """Heuristic: round the LP down per group, then `search`. Past `clock`'s deadline the search
     stops and the plan so far (always feasible) is the answer."""
-    return search(dag, model, _round_down(model, lp_x), clock, kicks=kicks)
-
-
-DIVE_STEP = 0.02
-"""Share of the LP's fractional keys that one round of LP diving fixes at frozen, at least (more
-when that pace would not finish the dive by its deadline)."""
-_EPS = 1e-6
-
-
-def _dives(
-    dag: PipelineDag, model: _Model, clock: Deadline, search_clock: Deadline
-) -> dict[Key, float]:
-    """The faster of up to two LP dives, each followed by `search`: the first from the LP
-    relaxation just solved (when its HiGHS model can be taken over), the second, with time left
-    on `clock`, from a model of its own solved cold. The LP is degenerate: the two start from
-    different optimal vertices and end in different plans (on 8 instances up to 16×64 each was
-    the faster on some; the first saves a cold solve, 1.4 s at 16×64 and 5 s at 32×128)."""
-    best: dict[Key, float] = {}
-    lp = model.take_lp()
-    for start in (lp, None) if lp is not None else (None,):
-        if clock.passed():
-            break
-        plan = _dive(model, clock, start)
-        if not plan:
-            continue
-        plan = search(dag, model, plan, search_clock)
-        if not best or model.makespan(plan) < model.makespan(best) - 1e-9:
-            best = plan
-    return best
-
-
-def _dive(model: _Model, clock: Deadline, lp: FastLP | None = None) -> dict[Key, float]:
-    """LP diving, the `milp` mode's second start.
-
-    Re-solve phase 1 of the LP relaxation (`lp`, solved and taken over, or a model of its own;
-    from the last basis) with more keys fixed each round until none is fractional. Each round
-    fixes at frozen the fractional keys whose LP share saves the most time (`x·cost`; `DIVE_STEP`
-    of them, or as many as the time per round so far says the deadline needs) while budget and
-    caps hold beside the keys the LP freezes fully, and fixes at not frozen those that no longer
-    fit there. The LP re-balances around each round's choices, which one rounding cannot.
-
-    The plan is the last LP rounded down per group (`_round_down`): once none is fractional, the
-    keys it freezes; past `clock`'s deadline, a partial dive's LP rounded. With no time for the
-    first LP, the plan is empty.
-
-    Measured (HiGHS, then `search`; 1F1B 16×64 with 8 groups from the benchmark's profile): 0.47 %
-    from the LP bound in 7.0 s, against 0.52 % in 6.0 s fixing 5 % a round, and 0.53 % in 13.6 s
-    when every round also ran phase 2 and restarted from phase 1's saved basis (each restart
-    refactorised the basis; the rounds' bookkeeping in dicts was a third of the rest). Ordered by
-    `x` alone rather than `x·cost`, the dive ended further from the LP bound on 8 of 9 1F1B,
-    Interleaved1F1B and ZBV instances up to 16×64. At 1F1B 32×128 with 4 groups a whole dive
-    takes 33.5 s (1.43 %); a 60 s `milp` paces its dives to their share and ends at 1.47 %, the
-    heuristic at 2.02 %."""
-    o, ix, dag = model.opts, model.index, model.dag
-    t0 = time.perf_counter()
-    try:
-        lp = lp or FastLP(
-            dag,
-            keys=model.keys,
-            loss=model.loss,
-            kmax=model.kmax,
-            budget=o.budget,
-            stage_cap=o.stage_cap,
-            tolerance=o.tolerance,
-            threads=o.threads,
-        )
-        lp.method = "simplex"  # rounds re-solve from the last basis, never by interior point
-        ans = lp.solve(time_limit=_left(clock.at), phase2=False)
-    except SolverError:
-        return {}
-    finally:
-        model.solver_seconds += time.perf_counter() - t0
-    group = ix.group_a
-    began, rounds = time.perf_counter(), 0
-    while not clock.passed():
-        x = ans.values
-        ones = x >= 1 - _EPS
-        frac = np.flatnonzero((x > _EPS) & ~ones)
-        if not len(frac):
-            break
-        counts, signal, per_stage, stage_cap = tally(dag, model, ones)
-        take = math.ceil(DIVE_STEP * len(frac))
-        if rounds:  # fix more per round when DIVE_STEP's pace would not finish by the deadline
-            per_round = (time.perf_counter() - began) / rounds
-            take = max(take, math.ceil(len(frac) * per_round / max(_left(clock.at), 1e-9)))
-        rounds += 1
-        pick: list[int] = []
-        drop: list[int] = []
-        # most time saved first (x·cost), ties by action name, then group
-        order = np.lexsort((group[frac], ix.rank_a[ix.act[frac]], -x[frac] * ix.cost[frac]))
-        for i in frac[order].tolist():
-            p = int(ix.sg_id[i])
-            n = int(counts[p]) + 1
-            s = int(ix.pair_stage[p])
-            fits = (
-                n <= model.kmax
-                and per_stage[s] + ix.pair_share[p] <= stage_cap
-                and signal + ix.marginal[p, n] <= o.budget + 1e-9
-            )
-            if not fits:
-                drop.append(i)
-            elif len(pick) < take:
-                pick.append(i)
-                counts[p] = n
-                per_stage[s] += ix.pair_share[p]
-                signal += ix.marginal[p, n]
-        lp.fix(ones=pick, zeros=drop)
-        t0 = time.perf_counter()
-        try:
-            ans = lp.solve(time_limit=_left(clock.at), phase2=False)
-        except SolverError:  # out of time: the last LP stands
-            break
-        finally:
-            model.solver_seconds += time.perf_counter() - t0
-    return _round_down(model, ans.x)
-
-
-def _round_down(model: _Model, lp_x: Mapping[Key, float]) -> dict[Key, float]:
-    """Per group, freeze the LP's count rounded down, in the microbatches the LP froze most."""
-    plan: dict[Key, float] = {}
-    for _sg, keys in sorted(model.by_group.items()):
-        k_star = sum(lp_x.get(k, 0.0) for k in keys)
-        n = min(math.floor(k_star + 1e-6), model.kmax)
-        ranked = sorted(keys, key=lambda k: (-lp_x.get(k, 0.0), k[0].microbatch))
-        for k in ranked[:n]:
-            plan[k] = 1.0
-    while not model.fits(plan) and plan:  # rounding down keeps the budget; guard numerical drift
-        worst = max(plan, key=lambda k: (model.loss[(k[0].stage, k[1])][1], k))
-        del plan[worst]
-    return plan
+    return search(dag, model, round_down(model, lp_x), clock, kicks=kicks)
 
 
 def load_kernels() -> None:
@@ -1004,18 +875,6 @@ def _left(deadline: float) -> float:
     return max(0.0, deadline - time.perf_counter())
 
 
-def _highs_status(h: object) -> str:
-    import highspy
-
-    ms = h.getModelStatus()  # type: ignore[attr-defined]
-    if ms == highspy.HighsModelStatus.kOptimal:
-        return "optimal"
-    if ms == highspy.HighsModelStatus.kInfeasible:
-        return "infeasible"
-    feasible = h.getInfo().primal_solution_status == 2  # type: ignore[attr-defined]
-    return "time_limit" if feasible else "no_solution"
-
-
 def _pwl(loss: tuple[float, ...], k: float) -> float:
     """Piecewise-linear interpolation of `loss` at count `k`."""
     k = min(max(k, 0.0), len(loss) - 1)
@@ -1031,154 +890,3 @@ def _clip(v: float | None) -> float:
 
 def _other(s: SolverName) -> SolverName:
     return "highs" if s == "cbc" else "cbc"
-
-
-def _write(prob: pulp.LpProblem, path: Path | None, *, phase: int) -> None:
-    if path is None:
-        return
-    p = Path(path)
-    if phase == 2:
-        p = p.with_name(f"{p.stem}.phase2{p.suffix or '.lp'}")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if p.suffix.lower() == ".mps":
-            prob.writeMPS(str(p))
-        else:
-            prob.writeLP(str(p))
-    except OSError as e:
-        raise InputError(f"cannot write the model to {p}: {e.strerror or e}") from None
-
-
-CBC_STOP = (0.25, 0.1)
-"""`_CbcWatchdog`: SIGINT this long before CBC's time limit, SIGKILL this long after it (s)."""
-
-
-class _CbcWatchdog:
-    """Stop this process's CBC children at their time limit. CBC checks its limit only between
-    steps: a MILP's phases at 1F1B 16×64 with 4 groups ran 6.2 s for 5.2 s and 5.0 s for 4.0 s
-    (30 s `milp`, 32.6 s in all). SIGINT makes it stop and write its best solution, which PuLP
-    reads — at once in branch and bound (a market-split MILP), but 1.2–2.6 s later in those root
-    steps; so SIGKILL follows, and the phase's answer is lost (`killed`). Linux only (`/proc`);
-    elsewhere CBC keeps its own timing."""
-
-    def __init__(self, time_limit: float | None):
-        self.killed = False
-        self._timers: list[threading.Timer] = []
-        if time_limit is None or not math.isfinite(time_limit) or not os.path.isdir("/proc"):
-            return
-        early, late = CBC_STOP
-        for at, sig in ((max(0.0, time_limit - early), signals.SIGINT), (time_limit + late, None)):
-            t = threading.Timer(at, self._signal, (sig,))
-            t.daemon = True
-            self._timers.append(t)
-
-    def __enter__(self) -> _CbcWatchdog:
-        for t in self._timers:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for t in self._timers:
-            t.cancel()
-
-    def _signal(self, sig: signals.Signals | None) -> None:
-        for pid in _cbc_children():
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig if sig is not None else signals.SIGKILL)
-                self.killed |= sig is None
-
-
-def _cbc_children() -> list[int]:
-    me, out = os.getpid(), []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == me and comm.startswith("cbc"):
-            out.append(int(pid))
-    return out
-
-
-def _solver(
-    opts: SolveOptions, *, time_limit: float | None, warm: bool, barrier: bool = False
-) -> pulp.LpSolver:
-    if opts.solver == "highs":
-        if not pulp.HiGHS().available():
-            raise SolverError("HiGHS is not available: pip install highspy, or use --solver cbc")
-        import highspy
-
-        # HiGHS keeps one process-wide thread scheduler; an earlier model with another thread count
-        # makes the next solve fail ("scheduler has already been initialized"). Start afresh.
-        highspy.Highs.resetGlobalScheduler(True)
-
-        class _WarmHiGHS(pulp.HiGHS):
-            """PuLP's HiGHS ignores initial values; hand them to HiGHS as a MIP start."""
-
-            def callSolver(self, lp: pulp.LpProblem) -> None:
-                if warm:
-                    sol = highspy.HighsSolution()
-                    sol.col_value = [v.varValue or 0.0 for v in lp.variables()]
-                    sol.value_valid = True
-                    lp.solverModel.setSolution(sol)
-                lp.solverModel.run()
-
-        extra = {"solver": "ipm"} if barrier else {}
-        return _WarmHiGHS(
-            msg=False, timeLimit=time_limit, gapRel=opts.gap, threads=opts.threads, **extra
-        )
-    # PuLP 3.3 bundles CBC; its PULP_CBC_CMD wrapper is deprecated, so call the bundled binary
-    # through COIN_CMD (the path PuLP 4 keeps), or a `cbc` on PATH.
-    from pulp.apis import coin_api
-
-    path = coin_api.PULP_CBC_CMD.pulp_cbc_path
-    if not os.access(path, os.X_OK):
-        path = coin_api.cbc_path
-    solver = pulp.COIN_CMD(
-        path=path,
-        msg=False,
-        timeLimit=time_limit,
-        gapRel=opts.gap,
-        threads=opts.threads,
-        warmStart=warm,
-        options=["barrier"] if barrier else [],
-    )
-    if not solver.available():
-        raise SolverError(
-            "CBC is not available: install pulp==3.3.2 (it bundles CBC) or use --solver highs"
-        )
-    return solver
-
-
-def _run(
-    prob: pulp.LpProblem,
-    opts: SolveOptions,
-    *,
-    time_limit: float | None,
-    warm: bool,
-    barrier: bool = False,
-) -> str:
-    """Solve; return `optimal`, `time_limit` (feasible, not proven), `infeasible`, `no_solution`
-    or (CBC past its limit, `_CbcWatchdog`) `killed at the time limit`."""
-    solver = _solver(opts, time_limit=time_limit, warm=warm, barrier=barrier)
-    watchdog = _CbcWatchdog(time_limit if opts.solver == "cbc" else None)
-    try:
-        with stdout_to_stderr(), watchdog:
-            prob.solve(solver)
-    except pulp.PulpSolverError as e:
-        if watchdog.killed:
-            return "killed at the time limit"
-        raise SolverError(f"{opts.solver} failed: {str(e).splitlines()[0]}") from None
-    # PuLP reports "Optimal" when CBC stops on its time limit with an incumbent: read sol_status.
-    if prob.sol_status == pulp.LpSolutionOptimal and prob.status == pulp.LpStatusOptimal:
-        return "optimal"
-    if prob.sol_status == pulp.LpSolutionIntegerFeasible:
-        return "time_limit"
-    if prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:
-        return "infeasible"
-    return "no_solution"

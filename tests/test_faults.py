@@ -50,7 +50,7 @@ def test_solver_failure_with_and_without_fallback(
 ) -> None:
     p = make_profile(ranks=4, microbatches=8)
     dag = build_dag(p)
-    monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
+    monkeypatch.setattr(solve_mod, "run_pulp", lambda *a, **k: "no_solution")
     with pytest.raises(SolverError, match="did not solve"):
         solve(dag, estimate_signal(p), SolveOptions(mode="milp"))
     r = solve(dag, estimate_signal(p), SolveOptions(mode="milp", budget=0.1, fallback="heuristic"))
@@ -92,7 +92,7 @@ def test_an_lp_that_highs_cannot_solve_in_time_says_how_to_answer_without_it(
 def test_cli_fallback_writes_a_valid_schedule(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
+    monkeypatch.setattr(solve_mod, "run_pulp", lambda *a, **k: "no_solution")
     prof, out = _profile_file(tmp_path), tmp_path / "s.yaml"
     r = runner.invoke(app, ["solve", str(prof), "-o", str(out)])
     assert r.exit_code == 5

@@ -10,10 +10,11 @@ import pytest
 
 import freezeopt.search as search_mod
 from freezeopt.dag import build_dag
+from freezeopt.dive import round_down
 from freezeopt.search import KICK, Deadline, _batch, _fill, _release, _swap, search, tally
 from freezeopt.sensitivity import estimate_signal
 from freezeopt.simulate import Timer, simulate
-from freezeopt.solve import SolveOptions, _Model, _round_and_fill, _round_down
+from freezeopt.solve import SolveOptions, _Model, _round_and_fill
 from tests.conftest import make_profile
 
 
@@ -72,7 +73,7 @@ def test_kicks_release_slack_keys_and_keep_only_faster_plans(stage_cap: float | 
     p = make_profile(ranks=4, microbatches=16, groups=3)
     dag, model = _model(p, budget=0.1, stage_cap=stage_cap, solver="highs")
     _, lp_x = model.solve_lp(math.inf, write=None)
-    start = _round_down(model, lp_x)
+    start = round_down(model, lp_x)
     plain = search(dag, model, start)
     kicked = search(dag, model, start, kicks=True)
     assert model.fits(kicked)
@@ -96,7 +97,7 @@ def test_swaps_make_the_heuristic_faster_at_the_same_budget() -> None:
     p = make_profile(ranks=4, microbatches=16, groups=3)
     dag, model = _model(p, budget=0.1, solver="highs")
     _, lp_x = model.solve_lp(math.inf, write=None)
-    fill_only = _moved(_fill, dag, model, _round_down(model, lp_x), 200, Timer(dag))
+    fill_only = _moved(_fill, dag, model, round_down(model, lp_x), 200, Timer(dag))
     heur = _round_and_fill(dag, model, lp_x)
     assert model.fits(heur)
     before = simulate(dag, dag.durations(fill_only)).makespan

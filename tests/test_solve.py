@@ -169,17 +169,18 @@ def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatc
     """Past the deadline the fill and swap searches stop: the answer is the rounded-down LP plan
     (feasible), the status stays `heuristic` and a note says why; with time left they run."""
     from freezeopt import solve as solve_mod
+    from freezeopt.dive import round_down
     from freezeopt.search import Deadline
-    from freezeopt.solve import _round_and_fill, _round_down
+    from freezeopt.solve import _round_and_fill
 
     p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3)
     dag, model = _model(p)
     _, lp_x = model.solve_lp(math.inf, write=None)
     clock = Deadline(0.0)
-    assert _round_and_fill(dag, model, lp_x, clock) == _round_down(model, lp_x) and clock.hit
+    assert _round_and_fill(dag, model, lp_x, clock) == round_down(model, lp_x) and clock.hit
     clock = Deadline()
     full = _round_and_fill(dag, model, lp_x, clock)
-    assert not clock.hit and full != _round_down(model, lp_x)
+    assert not clock.hit and full != round_down(model, lp_x)
 
     class Passed(Deadline):
         def passed(self) -> bool:
@@ -191,10 +192,10 @@ def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatc
     r = solve(dag, estimate_signal(p, opts.sensitivity), opts)
     assert r.status == "heuristic" and r.signal_dropped <= 0.1 + 1e-9
     assert any("stopped at the time limit" in n for n in r.notes)
-    assert r.frozen == {k: v for k, v in sorted(_round_down(model, lp_x).items())}
+    assert r.frozen == {k: v for k, v in sorted(round_down(model, lp_x).items())}
     # a failed LP: the fallback answers the LP-free start, its search stopped at the time limit
     monkeypatch.undo()
-    monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
+    monkeypatch.setattr(solve_mod, "run_pulp", lambda *a, **k: "no_solution")
     late = SolveOptions(mode="milp", budget=0.1, time_limit=1e-6, fallback="heuristic")
     r = solve(dag, estimate_signal(p, late.sensitivity), late)
     _, start = model.lp_free(0.0)
@@ -234,54 +235,6 @@ def test_model_makespan_is_simulates_step_time_for_any_plan() -> None:
     assert shorter > 0
 
 
-# --- LP diving (the milp mode's second start) ---------------------------------------------------
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_dive_ends_with_an_integer_plan_that_fits(seed: int) -> None:
-    """The dive fixes keys until the LP has no fractional one left: its plan is binary, keeps
-    budget and caps, and cannot beat the LP bound. Cut short after the first LP, it is that LP
-    rounded down, the heuristic's start (the dive solves with HiGHS, as the model here does); with
-    no time for the first LP, it is empty."""
-    from freezeopt.search import Deadline
-    from freezeopt.solve import _dive, _round_down
-
-    p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
-    cap = 0.3 if seed == 2 else None
-    _dag, model = _model(p, mode="milp", solver="highs", budget=0.1, stage_cap=cap)
-    t1, lp_x = model.solve_lp(math.inf, write=None)
-    plan = _dive(model, Deadline())
-    assert plan and set(plan.values()) == {1.0} and model.fits(plan)
-    assert model.makespan(plan) >= t1 - 1e-6
-
-    class Passed(Deadline):  # the deadline passes right after the first LP
-        def passed(self) -> bool:
-            self.hit = True
-            return True
-
-    assert _dive(model, Passed()) == _round_down(model, lp_x)
-    assert _dive(model, Deadline(0.0)) == {}  # no time for the first LP: no plan
-
-
-def test_milp_starts_from_the_better_of_rounding_and_diving() -> None:
-    """On the first instance the dive finds a faster plan than rounding and the MILP starts from it
-    (a note says so); on the second rounding wins and the answer is never slower than it."""
-    from freezeopt.search import Deadline
-    from freezeopt.solve import _dives, _round_and_fill
-
-    for seed, dive_wins in ((1, True), (6, False)):
-        p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
-        dag, model = _model(p, mode="milp", solver="highs", budget=0.1)
-        _, lp_x = model.solve_lp(math.inf, write=None)
-        rounded = model.makespan(_round_and_fill(dag, model, lp_x))
-        dived = model.makespan(_dives(dag, model, Deadline(), Deadline()))
-        assert (dived < rounded) == dive_wins
-        opts = SolveOptions(mode="milp", budget=0.1, time_limit=30, solver="highs")
-        r = solve(dag, estimate_signal(p, opts.sensitivity), opts)
-        assert r.predicted_ms <= min(rounded, dived) + 1e-9
-        assert any("LP diving" in n for n in r.notes) == dive_wins
-
-
 def test_milp_with_cbc_does_not_start_when_its_root_lp_would_outlast_the_deadline() -> None:
     """CBC solves a MILP's root LP before it looks at its time limit (1F1B 16×64 with 8 groups:
     1.3 s left, the MILP took 19.7 s), so `milp` with CBC starts only with as much time left as the
@@ -307,27 +260,6 @@ def test_milp_with_cbc_does_not_start_when_its_root_lp_would_outlast_the_deadlin
     assert fast.relax_seconds == 0.0
     assert fast.no_time_for_milp(time.perf_counter() + 30) is None
     assert fast.no_time_for_milp(time.perf_counter() + 0.5) == "no time left for the MILP"
-
-
-def test_milp_dives_twice_and_keeps_the_faster_plan() -> None:
-    """With time for both, `_dives` dives from the relaxation's own model and from a cold one and
-    keeps the faster plan after the search."""
-    from freezeopt.search import Deadline, search
-    from freezeopt.solve import _dive, _dives
-
-    for seed in (1, 2, 5):
-        p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
-        dag, model = _model(p, mode="milp", solver="highs", budget=0.1)
-        model.solve_lp(math.inf, write=None)
-        lp = model.take_lp()
-        assert lp is not None
-        taken = model.makespan(search(dag, model, _dive(model, Deadline(), lp)))
-        cold = model.makespan(search(dag, model, _dive(model, Deadline())))
-        model.solve_lp(math.inf, write=None)
-        best = _dives(dag, model, Deadline(), Deadline())
-        assert model.fits(best)
-        assert model.makespan(best) == pytest.approx(min(taken, cold), rel=1e-12), seed
-        assert model.take_lp() is None  # the first dive took it
 
 
 @pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
@@ -357,7 +289,7 @@ def test_heuristic_without_time_for_the_lp_answers_from_the_lp_free_start(
     assert r.gap == pytest.approx((r.predicted_ms - bound) / r.predicted_ms)
 
     monkeypatch.undo()
-    monkeypatch.setattr(solve_mod, "_run", lambda *a, **k: "no_solution")
+    monkeypatch.setattr(solve_mod, "run_pulp", lambda *a, **k: "no_solution")
     monkeypatch.setattr(solve_mod, "RELAX_ITERATIONS", 10**12)
     c = solve(dag, estimate_signal(p, "gns"), replace(opts, solver="cbc"))
     assert c.status == "heuristic_fallback" and c.lp_bound_ms == pytest.approx(bound)
@@ -399,46 +331,6 @@ def test_without_the_lp_the_first_order_relaxation_tightens_the_bound_and_may_st
     t_balanced = float(note.split("rank-balanced ")[-1].split(" ms")[0])
     from_relaxed = t_rounded < t_balanced * (1 + solve_mod.RELAXED_WITHIN) - 1e-9
     assert ("relaxation's plan rounded" in note) == from_relaxed, note
-
-
-def test_cbc_past_its_time_limit_is_interrupted_and_keeps_its_incumbent(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A market-split MILP (hard for branch and bound) with a 30 s CBC time limit: a watchdog
-    for 1 s interrupts CBC in branch and bound, and PuLP still reads CBC's best solution; with no
-    time to stop (SIGKILL at once) the run is reported killed."""
-    import time
-
-    import numpy as np
-    import pulp
-
-    from freezeopt import solve as solve_mod
-
-    rng = np.random.default_rng(0)
-    a = rng.integers(0, 100, (4, 40)).astype(float)
-    b = np.floor(a.sum(axis=1) / 2)
-    prob = pulp.LpProblem("market_split", pulp.LpMinimize)
-    x = [prob.add_variable(f"x{j}", 0, 1, pulp.LpInteger) for j in range(40)]
-    over = [prob.add_variable(f"over{i}", 0) for i in range(4)]
-    under = [prob.add_variable(f"under{i}", 0) for i in range(4)]
-    prob += pulp.lpSum(over) + pulp.lpSum(under)
-    for i in range(4):
-        row = pulp.lpSum(a[i, j] * x[j] for j in range(40))
-        prob += row + under[i] - over[i] == b[i], f"market_{i}"
-    cbc = solve_mod._solver(SolveOptions(gap=0.0), time_limit=30.0, warm=False)
-    t0 = time.perf_counter()
-    with solve_mod._CbcWatchdog(1.0 + solve_mod.CBC_STOP[0]) as dog:
-        prob.solve(cbc)
-    assert time.perf_counter() - t0 < 10 and not dog.killed
-    assert prob.sol_status == pulp.LpSolutionIntegerFeasible
-    assert sum(v.value() for v in over + under) >= 0
-    monkeypatch.setattr(solve_mod, "CBC_STOP", (-100.0, -0.5))  # SIGKILL at 0.5 s, no SIGINT
-    monkeypatch.setattr(solve_mod, "_solver", lambda *a, **k: cbc)
-    t0 = time.perf_counter()
-    assert solve_mod._run(prob, SolveOptions(), time_limit=1.0, warm=False) == (
-        "killed at the time limit"
-    )
-    assert time.perf_counter() - t0 < 10
 
 
 @pytest.mark.parametrize("enabled", [True, False])
