@@ -84,16 +84,7 @@ def dive(model: Model, clock: Deadline, lp: FastLP | None = None) -> dict[Key, f
     o, ix, dag = model.opts, model.index, model.dag
     t0 = time.perf_counter()
     try:
-        lp = lp or FastLP(
-            dag,
-            keys=model.keys,
-            loss=model.loss,
-            kmax=model.kmax,
-            budget=o.budget,
-            stage_cap=o.stage_cap,
-            tolerance=o.tolerance,
-            threads=o.threads,
-        )
+        lp = lp or FastLP.for_model(model)
         lp.method = "simplex"  # rounds re-solve from the last basis, never by interior point
         ans = lp.solve(time_limit=_left(clock.at), phase2=False)
     except SolverError:

@@ -54,7 +54,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -62,6 +62,9 @@ from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, LpUnsolved, SolverError
 from freezeopt.fileio import stdout_to_stderr
+
+if TYPE_CHECKING:
+    from freezeopt.solve import _Model  # solve imports this module
 
 __all__ = ["FastLP", "LpAnswer", "LpCache", "phase2_limit"]
 
@@ -172,16 +175,21 @@ class FastLP:
         """Build from a signal model (`freezeopt.sensitivity`) and `SolveOptions`, as `solve` would."""
         from freezeopt.solve import _Model  # solve imports this module
 
-        m = _Model(dag, tuple(tuple(r) for r in signal), opts)
+        return cls.for_model(_Model(dag, tuple(tuple(r) for r in signal), opts))
+
+    @classmethod
+    def for_model(cls, model: _Model) -> FastLP:
+        """Build from `freezeopt.solve`'s model of a problem (its DAG, keys, curves and options)."""
+        o = model.opts
         return cls(
-            dag,
-            keys=m.keys,
-            loss=m.loss,
-            kmax=m.kmax,
-            budget=opts.budget,
-            stage_cap=opts.stage_cap,
-            tolerance=opts.tolerance,
-            threads=opts.threads,
+            model.dag,
+            keys=model.keys,
+            loss=model.loss,
+            kmax=model.kmax,
+            budget=o.budget,
+            stage_cap=o.stage_cap,
+            tolerance=o.tolerance,
+            threads=o.threads,
         )
 
     # -- building ------------------------------------------------------------------------------
