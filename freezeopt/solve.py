@@ -16,12 +16,13 @@ phase 2 minimises the signal dropped `Σ ℓ` subject to `T ≤ (1 + tolerance)�
 Modes: `milp` (binary x, warm-started from the better of the heuristic's plan and the LP dives',
 `freezeopt.dive`), `lp` (x ∈ [0,1], the continuous relaxation; with one group per stage, `flat`
 sensitivity, no budget and a per-stage cap it is TimelyFreeze's LP), and `heuristic` (round the
-LP's phase-2 solution down per group, then search, `freezeopt.search`: greedily freeze more on
-the critical path while the budget allows, then swap: move a group's freezing from a microbatch
-with slack to one on the critical path — the same counts, so the same signal and caps — and fill
-again; with time left once these moves stop helping, kicks: release the frozen keys with the most
-slack and search again). The heuristic gives the LP `LP_SHARE` of its time (none when the LP
-cannot fit: `LP_BUILD_PER_TIMER`, `LP_SECONDS_PER_PAIR2`, `LP_FLOOR_SHARE`); when the LP does not
+LP's phase-2 solution down per group, `freezeopt.dive.round_down`, then search,
+`freezeopt.search`: greedily freeze more on the critical path while the budget allows, then swap:
+move a group's freezing from a microbatch with slack to one on the critical path — the same
+counts, so the same signal and caps — and fill again; with time left once these moves stop
+helping, kicks: release the frozen keys with the most slack and search again). The heuristic
+gives the LP `LP_SHARE` of its time (none when the LP cannot fit: `LP_BUILD_PER_TIMER`,
+`LP_SECONDS_PER_PAIR2`, `LP_FLOOR_SHARE`); when the LP does not
 solve in it (1–3 minutes at 64×256), the same search starts from a plan built without the LP and
 the reported bound is the rank-load bound (`freezeopt.balance`), or, with time for it, the better
 start and the higher bound of that and the first-order relaxation (`freezeopt.relax`,
