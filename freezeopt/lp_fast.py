@@ -651,29 +651,19 @@ class LpCache:
         self.warm_solves = 0
         """Solves answered from the last basis (not counting warm attempts that gave up)."""
 
-    def solve(
-        self,
-        dag: PipelineDag,
-        *,
-        keys: Sequence[Key],
-        loss: Mapping[tuple[int, int], tuple[float, ...]],
-        kmax: int,
-        budget: float,
-        stage_cap: float | None,
-        tolerance: float,
-        threads: int,
-        time_limit: float = math.inf,
-    ) -> tuple[LpAnswer, float]:
-        """Both phases for `dag`; returns the answer and the seconds spent building or updating
-        the model. Raises SolverError as `FastLP.solve` does (the next solve is then cold)."""
+    def solve(self, model: _Model, time_limit: float = math.inf) -> tuple[LpAnswer, float]:
+        """Both phases for `freezeopt.solve`'s model of a problem; returns the answer and the
+        seconds spent building or updating the model. Raises SolverError as `FastLP.solve` does
+        (the next solve is then cold)."""
+        o = model.opts
         key = (
-            tuple(keys),
-            tuple(sorted((sg, tuple(c)) for sg, c in loss.items())),
-            kmax,
-            budget,
-            stage_cap,
-            tolerance,
-            threads,
+            tuple(model.keys),
+            tuple(sorted((sg, tuple(c)) for sg, c in model.loss.items())),
+            model.kmax,
+            o.budget,
+            o.stage_cap,
+            o.tolerance,
+            o.threads,
         )
         self.solves += 1
         fast, self._fast = self._fast, None  # dropped if this solve fails
@@ -682,18 +672,9 @@ class LpCache:
             if fast is not None and key == self._key:
                 # InputError: another schedule or other freezable groups; build anew
                 with contextlib.suppress(InputError):
-                    ans = fast.resolve(dag, time_limit=time_limit)
+                    ans = fast.resolve(model.dag, time_limit=time_limit)
             if ans is None:
-                fast = FastLP(
-                    dag,
-                    keys=keys,
-                    loss=loss,
-                    kmax=kmax,
-                    budget=budget,
-                    stage_cap=stage_cap,
-                    tolerance=tolerance,
-                    threads=threads,
-                )
+                fast = FastLP.for_model(model)
                 ans = fast.solve(time_limit=time_limit)
         except SolverError:
             self._key = None

@@ -706,23 +706,12 @@ class _Model:
     def _solve_lp_fast(
         self, deadline: float, *, write: Path | None
     ) -> tuple[float, dict[Key, float]]:
-        o = self.opts
         if not pulp.HiGHS().available():
             raise SolverError("HiGHS is not available: pip install highspy, or use --solver cbc")
         cache = self.lp_cache if self.lp_cache is not None else LpCache()
         t0 = time.perf_counter()
         try:
-            ans, build_s = cache.solve(
-                self.dag,
-                keys=self.keys,
-                loss=self.loss,
-                kmax=self.kmax,
-                budget=o.budget,
-                stage_cap=o.stage_cap,
-                tolerance=o.tolerance,
-                threads=o.threads,
-                time_limit=_left(deadline),
-            )
+            ans, build_s = cache.solve(self, time_limit=_left(deadline))
         except SolverError:
             self.solver_seconds += time.perf_counter() - t0
             raise
