@@ -86,7 +86,7 @@ def dive(model: Model, clock: Deadline, lp: FastLP | None = None) -> dict[Key, f
     try:
         lp = lp or FastLP.for_model(model)
         lp.method = "simplex"  # rounds re-solve from the last basis, never by interior point
-        ans = lp.solve(time_limit=_left(clock.at), phase2=False)
+        ans = lp.solve(time_limit=clock.left(), phase2=False)
     except SolverError:
         return {}
     finally:
@@ -103,7 +103,7 @@ def dive(model: Model, clock: Deadline, lp: FastLP | None = None) -> dict[Key, f
         take = math.ceil(DIVE_STEP * len(frac))
         if rounds:  # fix more per round when DIVE_STEP's pace would not finish by the deadline
             per_round = (time.perf_counter() - began) / rounds
-            take = max(take, math.ceil(len(frac) * per_round / max(_left(clock.at), 1e-9)))
+            take = max(take, math.ceil(len(frac) * per_round / max(clock.left(), 1e-9)))
         rounds += 1
         pick: list[int] = []
         drop: list[int] = []
@@ -128,7 +128,7 @@ def dive(model: Model, clock: Deadline, lp: FastLP | None = None) -> dict[Key, f
         lp.fix(ones=pick, zeros=drop)
         t0 = time.perf_counter()
         try:
-            ans = lp.solve(time_limit=_left(clock.at), phase2=False)
+            ans = lp.solve(time_limit=clock.left(), phase2=False)
         except SolverError:  # out of time: the last LP stands
             break
         finally:
@@ -149,7 +149,3 @@ def round_down(model: Model, lp_x: Mapping[Key, float]) -> dict[Key, float]:
         worst = max(plan, key=lambda k: (model.loss[(k[0].stage, k[1])][1], k))
         del plan[worst]
     return plan
-
-
-def _left(deadline: float) -> float:
-    return max(0.0, deadline - time.perf_counter())

@@ -67,6 +67,10 @@ class Deadline:
         """Forget the last call: the time since then was not a try of the search."""
         self._last = None
 
+    def left(self) -> float:
+        """Seconds until `at` (0 once past)."""
+        return max(0.0, self.at - time.perf_counter())
+
     def expired(self) -> bool:
         """`passed` for a check that is not a try: True once `at` is past."""
         if not self.hit and time.perf_counter() > self.at:
