@@ -6,6 +6,8 @@ import pytest
 
 from freezeopt.dag import PipelineDag, build_dag
 from freezeopt.profile_file import Profile
+from freezeopt.sensitivity import estimate_signal
+from freezeopt.solve import SolveOptions, _Model
 from freezeopt.synth import SynthOptions, synth_profile
 
 SHAPES = [
@@ -40,3 +42,11 @@ def small_profile() -> Profile:
 @pytest.fixture
 def small_dag(small_profile: Profile) -> PipelineDag:
     return build_dag(small_profile)
+
+
+def solve_model(profile: Profile, **kw: object) -> tuple[PipelineDag, _Model]:
+    """The DAG of `profile` and the solver's model of it (`freezeopt.solve._Model`) under
+    `SolveOptions(**kw)`, for tests of the steps inside a solve."""
+    opts = SolveOptions(**kw)  # type: ignore[arg-type]
+    dag = build_dag(profile)
+    return dag, _Model(dag, estimate_signal(profile, opts.sensitivity), opts)

@@ -6,18 +6,9 @@ import math
 
 import pytest
 
-from freezeopt.dag import build_dag
 from freezeopt.sensitivity import estimate_signal
 from freezeopt.solve import SolveOptions, solve
-from tests.conftest import make_profile
-
-
-def _model(profile, **kw):
-    from freezeopt.solve import _Model
-
-    opts = SolveOptions(**kw)
-    dag = build_dag(profile)
-    return dag, _Model(dag, estimate_signal(profile, opts.sensitivity), opts)
+from tests.conftest import make_profile, solve_model
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -31,7 +22,7 @@ def test_dive_ends_with_an_integer_plan_that_fits(seed: int) -> None:
 
     p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
     cap = 0.3 if seed == 2 else None
-    _dag, model = _model(p, mode="milp", solver="highs", budget=0.1, stage_cap=cap)
+    _dag, model = solve_model(p, mode="milp", solver="highs", budget=0.1, stage_cap=cap)
     t1, lp_x = model.solve_lp(math.inf, write=None)
     plan = dive(model, Deadline())
     assert plan and set(plan.values()) == {1.0} and model.fits(plan)
@@ -55,7 +46,7 @@ def test_milp_starts_from_the_better_of_rounding_and_diving() -> None:
 
     for seed, dive_wins in ((1, True), (6, False)):
         p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
-        dag, model = _model(p, mode="milp", solver="highs", budget=0.1)
+        dag, model = solve_model(p, mode="milp", solver="highs", budget=0.1)
         _, lp_x = model.solve_lp(math.inf, write=None)
         rounded = model.makespan(_round_and_fill(dag, model, lp_x))
         dived = model.makespan(dives(dag, model, Deadline(), Deadline()))
@@ -74,7 +65,7 @@ def test_milp_dives_twice_and_keeps_the_faster_plan() -> None:
 
     for seed in (1, 2, 5):
         p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=seed)
-        dag, model = _model(p, mode="milp", solver="highs", budget=0.1)
+        dag, model = solve_model(p, mode="milp", solver="highs", budget=0.1)
         model.solve_lp(math.inf, write=None)
         lp = model.take_lp()
         assert lp is not None

@@ -9,19 +9,11 @@ import numpy as np
 import pytest
 
 import freezeopt.search as search_mod
-from freezeopt.dag import build_dag
 from freezeopt.dive import round_down
 from freezeopt.search import KICK, Deadline, _batch, _fill, _release, _swap, search, tally
-from freezeopt.sensitivity import estimate_signal
 from freezeopt.simulate import Timer, simulate
-from freezeopt.solve import SolveOptions, _Model, _round_and_fill
-from tests.conftest import make_profile
-
-
-def _model(profile, **kw):  # type: ignore[no-untyped-def]
-    opts = SolveOptions(**kw)
-    dag = build_dag(profile)
-    return dag, _Model(dag, estimate_signal(profile, opts.sensitivity), opts)
+from freezeopt.solve import _round_and_fill
+from tests.conftest import make_profile, solve_model
 
 
 def _moved(move, dag, model, plan, *args, **kw):  # type: ignore[no-untyped-def]
@@ -37,7 +29,7 @@ def test_swap_moves_frozen_work_onto_the_critical_path_at_the_same_signal(
     """Freeze each group in the microbatches with the most slack (where it saves least): the swap
     search must move them onto the critical path, keep every count (so the signal), and shorten
     the step."""
-    dag, model = _model(make_profile(ranks=4, microbatches=8, groups=2), budget=0.3)
+    dag, model = solve_model(make_profile(ranks=4, microbatches=8, groups=2), budget=0.3)
     timing = Timer(dag)
     d = timing.durations({})
     span, end, _ = timing.run(d)
@@ -71,7 +63,7 @@ def test_kicks_release_slack_keys_and_keep_only_faster_plans(stage_cap: float | 
     released, up to `KICK_MAX`), its plan keeps budget and caps, and it is never slower than the
     search without kicks from the same start; `_release` unfreezes the keys with the most slack."""
     p = make_profile(ranks=4, microbatches=16, groups=3)
-    dag, model = _model(p, budget=0.1, stage_cap=stage_cap, solver="highs")
+    dag, model = solve_model(p, budget=0.1, stage_cap=stage_cap, solver="highs")
     _, lp_x = model.solve_lp(math.inf, write=None)
     start = round_down(model, lp_x)
     plain = search(dag, model, start)
@@ -95,7 +87,7 @@ def test_kicks_release_slack_keys_and_keep_only_faster_plans(stage_cap: float | 
 def test_swaps_make_the_heuristic_faster_at_the_same_budget() -> None:
     """The heuristic (round, fill, swap, fill) against round and fill alone, from the same LP."""
     p = make_profile(ranks=4, microbatches=16, groups=3)
-    dag, model = _model(p, budget=0.1, solver="highs")
+    dag, model = solve_model(p, budget=0.1, solver="highs")
     _, lp_x = model.solve_lp(math.inf, write=None)
     fill_only = _moved(_fill, dag, model, round_down(model, lp_x), 200, Timer(dag))
     heur = _round_and_fill(dag, model, lp_x)
@@ -109,7 +101,7 @@ def test_cross_group_swaps_keep_budget_and_caps(stage_cap: float | None) -> None
     """Moves between groups change counts: the budget, group caps and stage caps must still hold
     after them, and no accepted move lengthens the step."""
     p = make_profile(ranks=4, microbatches=8, groups=3)
-    dag, model = _model(p, budget=0.05, group_cap=0.5, stage_cap=stage_cap)
+    dag, model = solve_model(p, budget=0.05, group_cap=0.5, stage_cap=stage_cap)
     timing = Timer(dag)
     rng = random.Random(3)
     moved = 0
@@ -144,7 +136,7 @@ def test_a_batched_fill_freezes_several_keys_a_retiming_within_budget_and_caps(
             return False
 
     p = make_profile(ranks=4, microbatches=16, groups=3)
-    dag, model = _model(p, budget=budget, group_cap=group_cap, stage_cap=stage_cap)
+    dag, model = solve_model(p, budget=budget, group_cap=group_cap, stage_cap=stage_cap)
     timing = Timer(dag)
     calls = 0
     times = timing.times
@@ -171,7 +163,7 @@ def test_a_batch_takes_keys_in_order_while_caps_and_budget_hold_together() -> No
     """`_batch` counts its own picks: a group's later keys pay its curve's later slopes and stop
     at the group cap, and the stage caps and the budget hold for the batch as a whole."""
     p = make_profile(ranks=2, microbatches=8, groups=2)
-    dag, model = _model(p, budget=0.2, group_cap=0.5, stage_cap=0.4)
+    dag, model = solve_model(p, budget=0.2, group_cap=0.5, stage_cap=0.4)
     ix = model.index
     _, signal, _, cap = tally(dag, model, np.zeros(len(ix.sg), dtype=bool))
     count = np.zeros(len(ix.pairs), dtype=np.int64)

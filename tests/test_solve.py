@@ -15,7 +15,7 @@ from freezeopt.sensitivity import estimate_signal
 from freezeopt.simulate import simulate
 from freezeopt.solve import SolveOptions, solve
 from freezeopt.timelyfreeze import solve_timelyfreeze_lp
-from tests.conftest import SHAPES, make_profile
+from tests.conftest import SHAPES, make_profile, solve_model
 
 
 def _solve(profile, **kw):
@@ -157,14 +157,6 @@ def test_bad_options(kw: dict, msg: str) -> None:
 # --- the heuristic's local search (its moves: test_search.py) ----------------------------------
 
 
-def _model(profile, **kw):
-    from freezeopt.solve import _Model
-
-    opts = SolveOptions(**kw)
-    dag = build_dag(profile)
-    return dag, _Model(dag, estimate_signal(profile, opts.sensitivity), opts)
-
-
 def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the deadline the fill and swap searches stop: the answer is the rounded-down LP plan
     (feasible), the status stays `heuristic` and a note says why; with time left they run."""
@@ -174,7 +166,7 @@ def test_heuristic_search_stops_at_the_time_limit(monkeypatch: pytest.MonkeyPatc
     from freezeopt.solve import _round_and_fill
 
     p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3)
-    dag, model = _model(p)
+    dag, model = solve_model(p)
     _, lp_x = model.solve_lp(math.inf, write=None)
     clock = Deadline(0.0)
     assert _round_and_fill(dag, model, lp_x, clock) == round_down(model, lp_x) and clock.hit
@@ -244,7 +236,7 @@ def test_milp_with_cbc_does_not_start_when_its_root_lp_would_outlast_the_deadlin
     from freezeopt.solve import _round_and_fill
 
     p = make_profile(schedule="1F1B", ranks=4, microbatches=8, groups=3, seed=1)
-    dag, model = _model(p, mode="milp", solver="cbc", budget=0.1)
+    dag, model = solve_model(p, mode="milp", solver="cbc", budget=0.1)
     _, lp_x = model.solve_lp(math.inf, write=None)
     assert 0 < model.relax_seconds < 60
     start = _round_and_fill(dag, model, lp_x)
@@ -255,7 +247,7 @@ def test_milp_with_cbc_does_not_start_when_its_root_lp_would_outlast_the_deadlin
     assert time.perf_counter() - t0 < 5
     assert (plan, status) == (start, "heuristic_fallback")
     assert "CBC re-solves the LP relaxation (45.0 s)" in notes[0]
-    _, fast = _model(p, mode="milp", solver="highs", budget=0.1)
+    _, fast = solve_model(p, mode="milp", solver="highs", budget=0.1)
     fast.solve_lp(math.inf, write=None)
     assert fast.relax_seconds == 0.0
     assert fast.no_time_for_milp(time.perf_counter() + 30) is None
@@ -273,7 +265,7 @@ def test_heuristic_without_time_for_the_lp_answers_from_the_lp_free_start(
 
     p = make_profile(schedule=schedule, ranks=4, microbatches=8, groups=3)
     opts = SolveOptions(mode="heuristic", solver="highs", budget=0.1)
-    dag, model = _model(p, mode="heuristic", solver="highs", budget=0.1)
+    dag, model = solve_model(p, mode="heuristic", solver="highs", budget=0.1)
     bound, start = model.lp_free(model.makespan(dag.all_frozen()))
     lp = solve(dag, estimate_signal(p, "gns"), replace(opts, mode="lp"))
     assert bound <= lp.lp_bound_ms + 1e-6
@@ -308,7 +300,7 @@ def test_without_the_lp_the_first_order_relaxation_tightens_the_bound_and_may_st
 
     p = make_profile(schedule=schedule, ranks=4, microbatches=16, groups=3)
     opts = SolveOptions(mode="heuristic", solver="highs", budget=0.1, time_limit=2.0)
-    dag, model = _model(p, mode="heuristic", solver="highs", budget=0.1)
+    dag, model = solve_model(p, mode="heuristic", solver="highs", budget=0.1)
     rank, balanced = model.lp_free(model.makespan(dag.all_frozen()))
     lp = solve(dag, estimate_signal(p, "gns"), replace(opts, mode="lp"))
     monkeypatch.setattr(solve_mod, "LP_BUILD_PER_TIMER", 1e12)
