@@ -130,13 +130,16 @@ rank-load bound at 32×128 and 64×256): there it then lost to the search alone 
 (`freezeopt.relax.MOMENTUM`) it wins, measured side by side (two runs each, gap to the LP
 optimum): ZBV 64×256 with 2 s 0.90–0.93 → 0.35–0.43 %, with 10 s 0.33 → 0.08 %; 32×128 with 2 s
 0.13 → 0.07 %."""
-RELAX_SHARE = 0.6
+RELAX_SHARE = 0.45
 """Share of the time left that the first-order relaxation (`freezeopt.relax`) gets when the
-answer comes without the LP, rounding its plan included; the search has the rest. Measured
-in-process at 64×256 against 0.5 (and 150 iterations needed): Interleaved1F1B with 2 s 6.26 →
-3.97 % from the LP bound, with 10 s 1.58 → 1.30 %; 1F1B with 10 s 3.68 → 3.54 %, but with 2 s
-9.08 → 9.22 % (75 iterations, whose rounded plan lost to the rank-balanced start; since
-`freezeopt.relax.TAU_FALLS_BY` became 0.6 it wins there too); 32×128 with 2 s within 0.06 points."""
+answer comes without the LP, rounding its plan included; the search has the rest. 0.6 from
+session 11 (then against 0.5, with a slower search and no kicks) to session 20. Since the search's
+tries got cheaper, 1F1B gains more from search time than from relaxation time: side by side in
+fresh processes at 64×256 with 2 s (five runs each, gap to the LP optimum, medians), 0.6 → 0.45:
+1F1B 3.48 → 3.31 % (every run better), Interleaved1F1B 0.46 → 0.48 %, ZBV 0.19 → 0.21 %, 1F1B
+32×128 1.93 → 1.92 %; with 10 s (two runs each) 1F1B 2.25–2.37 → 2.25–2.26 %, Interleaved1F1B
+0.30–0.31 → 0.28–0.29 %. 0.4 did as well for 1F1B and worse for ZBV (0.28 %); 0.3 was better for
+1F1B (3.23–3.43 %) and worse for ZBV and Interleaved1F1B (0.37–0.41 %, 0.56–0.59 %)."""
 ROUND_SECONDS_PER_KEY = 5e-7
 """Rounding the relaxation's plan (`freezeopt.relax`) comes out of its share: 0.35–0.4 µs per key
 measured at 64×256 (23–24 ms for 65 k keys; over dicts of `Action` keys it took 0.2–0.3 s)."""
