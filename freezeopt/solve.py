@@ -28,7 +28,10 @@ the reported bound is the rank-load bound (`freezeopt.balance`), or, with time f
 start and the higher bound of that and the first-order relaxation (`freezeopt.relax`,
 `RELAX_SHARE` of the time left), so `heuristic` answers within its time limit at every size. Such
 a start leaves much of the budget for the search: while its time is short for that, its fill
-freezes keys in batches (`freezeopt.search.FILL_BATCH`).
+freezes keys in batches (`freezeopt.search.FILL_BATCH`). `milp` and `lp` need the LP: where its
+floor (`LP_SECONDS_PER_PAIR2`, `CBC_LP_SECONDS_PER_PAIR2` through PuLP with CBC) exceeds the whole
+time limit they raise `LpUnsolved` before starting it, which `fallback="heuristic"` turns into the
+heuristic's answer without the LP, with the whole time for its search.
 `time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back). Solvers check
 their limits rarely inside a MIP's root node: CBC solves the root LP first, so `milp` with CBC
 starts no MILP with less time left than the relaxation took, and a CBC run past its limit is
@@ -116,11 +119,19 @@ actions, so schedules with two or three actions a pair sit on one scale: every m
 82–85 s; 1F1B 5.5 s and 106–108 s; 1F1B 16×64 with 8 groups, 0.84 s, 5.5×; benchmarks/solver.md
 runs L and M). `heuristic` skips an LP this says cannot fit in its share of the time (at a 2 s
 limit, every schedule from 32×128 up: the floor is 2.5 s there, 40 s at 64×256)."""
+CBC_LP_SECONDS_PER_PAIR2 = 1e-6
+"""The same floor for the LP relaxation through PuLP with CBC (`--solver cbc`, both phases): every
+measured solve took 2.8× this or longer (8×64: 0.73–1.62 s; 16×64: 1F1B 8.4 s, ZBV 12.3 s;
+32×128: 1F1B 61.5 s, Interleaved1F1B and ZBV over 120 s; session 21 and benchmarks/solver.md run
+A). 268 s at 64×256: `milp` and `lp` with CBC there and the default 60 s fail at once, and
+`--fallback heuristic` gets the whole time limit, instead of the LP's failure after it."""
 LP_FLOOR_SHARE = 0.5
-"""`heuristic` tries the LP only when `LP_SECONDS_PER_PAIR2`'s floor is at most this share of the
-time it would get: the floor is 1.5–2.8× under the solves measured, so past half the share the LP
-would most likely not finish (64×256 at the default 60 s: floor 40 s, LP 66–113 s here), and the
-time is better spent without it. 32×128 at 10 s (floor 2.5 s, LP 4.2–6.3 s) still tries it."""
+"""`heuristic` tries the LP only when its floor (`LP_SECONDS_PER_PAIR2`, or
+`CBC_LP_SECONDS_PER_PAIR2` with CBC) is at most this share of the time it would get: the floor is
+1.5–2.8× under the solves measured, so past half the share the LP would most likely not finish
+(64×256 at the default 60 s: floor 40 s, LP 66–113 s here), and the time is better spent without
+it. 32×128 at 10 s (floor 2.5 s, LP 4.2–6.3 s) still tries it. `milp` and `lp` give up on the LP
+only where its floor exceeds the whole time left: the user asked for it."""
 RELAX_ABOVE_GAP = 0.001
 """The relaxation runs only when the rank-balanced start is proven further than this from the
 rank-load bound: where it is proven optimal, or all but, the search's time is worth more. Until
@@ -283,20 +294,33 @@ def _solve(
     balanced: dict[Key, float] = {}  # without the LP: the rank-balanced plan, whatever the start
     t_balanced = math.inf  # and its step time
     try:
+        lp_left = _left(lp_deadline)
+        at_least = _lp_floor(dag, opts.solver)
+        takes = (
+            f"at {dag.n_stages}×{dag.n_microbatches} it takes {_secs(at_least)} or more with "
+            f"{_SOLVER_NAME[opts.solver]}"
+        )
         if mode == "heuristic":
-            lp_left = _left(lp_deadline)
             build = LP_BUILD_PER_TIMER * timer_seconds
-            at_least = LP_SECONDS_PER_PAIR2 * (dag.n_stages * dag.n_microbatches) ** 2
             if lp_left < build or lp_left * LP_FLOOR_SHARE < at_least:
                 why = (
                     f"its arrays alone take about {build:.1f} s here"
                     if lp_left < build
-                    else f"at {dag.n_stages}×{dag.n_microbatches} it takes {at_least:.0f} s or "
-                    f"more, over {LP_FLOOR_SHARE:.0%} of the {lp_left:.0f} s it would get"
+                    else f"{takes}, over {LP_FLOOR_SHARE:.0%} of the {_secs(lp_left)} it would get"
                 )
                 raise SolverError(
                     f"no time for the LP relaxation in {LP_SHARE:.0%} of the time limit ({why})"
                 )
+        elif at_least > lp_left:
+            raise LpUnsolved(
+                f"no time for the LP relaxation: {takes}, and the time limit leaves "
+                f"{_secs(lp_left)}; raise --time-limit"
+                + (
+                    ", or use --solver highs (far faster on large LPs)"
+                    if opts.solver == "cbc"
+                    else ""
+                )
+            )
         lp1, lp_x = model.solve_lp(
             lp_deadline, write=opts.write_model if opts.mode != "milp" else None
         )
@@ -862,6 +886,21 @@ def _by_key(item: tuple[Key, float]) -> tuple[int, str, int, int]:
     """Sorts (key, value) pairs as `sorted` does, three times as fast as comparing `Action`s."""
     (a, g), _ = item
     return a.stage, a.kind, a.microbatch, g
+
+
+_SOLVER_NAME = {"cbc": "CBC", "highs": "HiGHS"}
+
+
+def _lp_floor(dag: PipelineDag, solver: SolverName) -> float:
+    """Seconds the LP relaxation takes at least with `solver` (`LP_SECONDS_PER_PAIR2`,
+    `CBC_LP_SECONDS_PER_PAIR2`)."""
+    per = CBC_LP_SECONDS_PER_PAIR2 if solver == "cbc" else LP_SECONDS_PER_PAIR2
+    return per * (dag.n_stages * dag.n_microbatches) ** 2
+
+
+def _secs(s: float) -> str:
+    """Seconds for a message: tenths below 10 s."""
+    return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
 
 
 def _left(deadline: float) -> float:

@@ -111,6 +111,50 @@ def test_cli_fallback_writes_a_valid_schedule(
     assert yaml.safe_load(out.read_text())["provenance"]["status"] == "heuristic_fallback"
 
 
+def test_an_lp_that_cannot_fit_the_time_limit_fails_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the LP's floor on its solve time (`CBC_LP_SECONDS_PER_PAIR2`, here raised so that a
+    tiny profile needs hours) exceeds the time limit, `milp` and `lp` say so at once instead of
+    failing after the limit, and `--fallback heuristic` answers without ever starting CBC."""
+
+    def no_cbc(*a: object, **k: object) -> str:
+        raise AssertionError("CBC was started")
+
+    monkeypatch.setattr(solve_mod, "CBC_LP_SECONDS_PER_PAIR2", 1.0)  # 2×4 → 64 s or more
+    monkeypatch.setattr(solve_mod, "run_pulp", no_cbc)
+    prof, out = _profile_file(tmp_path), tmp_path / "s.yaml"
+    for mode in ("milp", "lp"):
+        r = runner.invoke(app, ["solve", str(prof), "-o", str(out), "--mode", mode])
+        assert r.exit_code == 5, r.output
+        assert r.stderr.startswith(
+            "error: no time for the LP relaxation: at 2×4 it takes 64 s or more with CBC, and the "
+            "time limit leaves "
+        )
+        assert r.stderr.endswith(
+            " s; raise --time-limit, or use --solver highs (far faster on large LPs); or answer "
+            "without the LP: --mode heuristic, or --fallback heuristic\n"
+        )
+        assert not out.exists()
+    r = runner.invoke(app, ["solve", str(prof), "--time-limit", "100", "--json"])
+    assert str(r.exception) == "CBC was started"  # 64 s fit in 100 s: it is tried
+    r = runner.invoke(
+        app, ["solve", str(prof), "-o", str(out), "--fallback", "heuristic", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    answer = json.loads(r.stdout)
+    assert answer["status"] == "heuristic_fallback"
+    assert any(n.startswith("no time for the LP relaxation: at 2×4") for n in answer["notes"])
+    assert runner.invoke(app, ["validate", str(out), "--profile", str(prof)]).exit_code == 0
+    # HiGHS has a floor of its own, and the message no hint to switch to it
+    monkeypatch.setattr(solve_mod, "LP_SECONDS_PER_PAIR2", 1.0)
+    p = make_profile(ranks=2, microbatches=4)
+    with pytest.raises(
+        LpUnsolved, match=r"with HiGHS, and the time limit leaves .* s; raise --time-limit; or"
+    ):
+        solve(build_dag(p), estimate_signal(p), SolveOptions(mode="lp", solver="highs"))
+
+
 @pytest.mark.parametrize("where", ["write", "fsync", "replace"])
 def test_full_disk_leaves_the_previous_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
