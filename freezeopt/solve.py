@@ -30,8 +30,9 @@ start and the higher bound of that and the first-order relaxation (`freezeopt.re
 a start leaves much of the budget for the search: while its time is short for that, its fill
 freezes keys in batches (`freezeopt.search.FILL_BATCH`). `milp` and `lp` need the LP: where its
 floor (`LP_SECONDS_PER_PAIR2`, `CBC_LP_SECONDS_PER_PAIR2` through PuLP with CBC) exceeds the whole
-time limit they raise `LpUnsolved` before starting it, which `fallback="heuristic"` turns into the
-heuristic's answer without the LP, with the whole time for its search.
+time limit they raise `LpUnsolved` before starting it, and with `fallback="heuristic"` (the
+heuristic's answer without the LP, with the whole time for its search) already where the floor
+exceeds `LP_FLOOR_SHARE` of it, as `heuristic` does.
 `time_limit` bounds the whole solve (less `WRAP_UP`, for reading the answer back). Solvers check
 their limits rarely inside a MIP's root node: CBC solves the root LP first, so `milp` with CBC
 starts no MILP with less time left than the relaxation took, and a CBC run past its limit is
@@ -131,7 +132,8 @@ LP_FLOOR_SHARE = 0.5
 1.5–2.8× under the solves measured, so past half the share the LP would most likely not finish
 (64×256 at the default 60 s: floor 40 s, LP 66–113 s here), and the time is better spent without
 it. 32×128 at 10 s (floor 2.5 s, LP 4.2–6.3 s) still tries it. `milp` and `lp` give up on the LP
-only where its floor exceeds the whole time left: the user asked for it."""
+by this rule only with `fallback="heuristic"`; without, only where the floor exceeds the whole
+time left: the user asked for the LP."""
 RELAX_ABOVE_GAP = 0.001
 """The relaxation runs only when the rank-balanced start is proven further than this from the
 rank-load bound: where it is proven optimal, or all but, the search's time is worth more. Until
@@ -311,10 +313,16 @@ def _solve(
                 raise SolverError(
                     f"no time for the LP relaxation in {LP_SHARE:.0%} of the time limit ({why})"
                 )
-        elif at_least > lp_left:
+        elif at_least > lp_left or (
+            opts.fallback == "heuristic" and at_least > LP_FLOOR_SHARE * lp_left
+        ):  # it cannot finish; or, with an answer without it allowed, most likely would not
+            leaves = (
+                f"and the time limit leaves {_secs(lp_left)}"
+                if at_least > lp_left
+                else f"over {LP_FLOOR_SHARE:.0%} of the {_secs(lp_left)} the time limit leaves"
+            )
             raise LpUnsolved(
-                f"no time for the LP relaxation: {takes}, and the time limit leaves "
-                f"{_secs(lp_left)}; raise --time-limit"
+                f"no time for the LP relaxation: {takes}, {leaves}; raise --time-limit"
                 + (
                     ", or use --solver highs (far faster on large LPs)"
                     if opts.solver == "cbc"

@@ -149,10 +149,26 @@ def test_an_lp_that_cannot_fit_the_time_limit_fails_before_it_starts(
     # HiGHS has a floor of its own, and the message no hint to switch to it
     monkeypatch.setattr(solve_mod, "LP_SECONDS_PER_PAIR2", 1.0)
     p = make_profile(ranks=2, microbatches=4)
+    dag, signal = build_dag(p), estimate_signal(p)
     with pytest.raises(
         LpUnsolved, match=r"with HiGHS, and the time limit leaves .* s; raise --time-limit; or"
     ):
-        solve(build_dag(p), estimate_signal(p), SolveOptions(mode="lp", solver="highs"))
+        solve(dag, signal, SolveOptions(mode="lp", solver="highs"))
+
+    # between half the time and all of it the LP is tried, unless an answer without it is allowed
+    def no_highs(*a: object, **k: object) -> int:
+        raise AssertionError("HiGHS was started")
+
+    monkeypatch.setattr(FastLP, "_run", no_highs)
+    with pytest.raises(AssertionError, match="HiGHS was started"):
+        solve(dag, signal, SolveOptions(mode="milp", solver="highs", time_limit=100))
+    r = solve(
+        dag, signal, SolveOptions(mode="milp", solver="highs", time_limit=100, fallback="heuristic")
+    )
+    assert r.status == "heuristic_fallback"
+    assert r.notes[0].startswith(
+        "no time for the LP relaxation: at 2×4 it takes 64 s or more with HiGHS, over 50% of the "
+    )
 
 
 @pytest.mark.parametrize("where", ["write", "fsync", "replace"])
