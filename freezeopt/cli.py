@@ -451,8 +451,9 @@ def solve_cmd(
     fallback: Annotated[
         str,
         typer.Option(
-            help="none, or heuristic: on a solver failure in milp or lp, answer with the "
-            "heuristic's search from a plan built without the LP."
+            help="none, or heuristic: on a solver failure in milp or lp, or where the LP would "
+            "most likely not finish in the time limit, answer with the heuristic's search from "
+            "a plan built without the LP."
         ),
     ] = "none",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
