@@ -200,10 +200,11 @@ class SolveOptions:
     write_model: Path | None = None
     """Write the phase-1 model here (`.lp` or `.mps`) and phase 2 beside it (`NAME.phase2.lp`)."""
     fallback: Literal["none", "heuristic"] = "none"
-    """On a solver failure in `milp` or `lp` (missing, crashed, out of time before the LP solved):
-    `heuristic` answers with the search from a plan built without the LP (status
-    `heuristic_fallback`, LP bound replaced by the rank-load bound of `freezeopt.balance`; the
-    search stops at the time limit) instead of failing. The `heuristic` mode always does this."""
+    """On a solver failure in `milp` or `lp` (missing, crashed, out of time before the LP solved),
+    or where the LP would most likely not finish in the time (`LP_FLOOR_SHARE`): `heuristic`
+    answers with the search from a plan built without the LP (status `heuristic_fallback`, LP
+    bound replaced by the rank-load bound of `freezeopt.balance` or the first-order relaxation's;
+    the search stops at the time limit) instead of failing. The `heuristic` mode always does this."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
