@@ -303,9 +303,11 @@ def _solve(
             f"at {dag.n_stages}×{dag.n_microbatches} it takes {_secs(at_least)} or more with "
             f"{_SOLVER_NAME[opts.solver]}"
         )
+        cannot_finish = at_least > lp_left
+        unlikely_to = at_least > LP_FLOOR_SHARE * lp_left  # most likely would not finish
         if mode == "heuristic":
             build = LP_BUILD_PER_TIMER * timer_seconds
-            if lp_left < build or lp_left * LP_FLOOR_SHARE < at_least:
+            if lp_left < build or unlikely_to:
                 why = (
                     f"its arrays alone take about {build:.1f} s here"
                     if lp_left < build
@@ -314,21 +316,14 @@ def _solve(
                 raise SolverError(
                     f"no time for the LP relaxation in {LP_SHARE:.0%} of the time limit ({why})"
                 )
-        elif at_least > lp_left or (
-            opts.fallback == "heuristic" and at_least > LP_FLOOR_SHARE * lp_left
-        ):  # it cannot finish; or, with an answer without it allowed, most likely would not
+        elif cannot_finish or (opts.fallback == "heuristic" and unlikely_to):
             leaves = (
                 f"and the time limit leaves {_secs(lp_left)}"
-                if at_least > lp_left
+                if cannot_finish
                 else f"over {LP_FLOOR_SHARE:.0%} of the {_secs(lp_left)} the time limit leaves"
             )
             raise LpUnsolved(
-                f"no time for the LP relaxation: {takes}, {leaves}; raise --time-limit"
-                + (
-                    ", or use --solver highs (far faster on large LPs)"
-                    if opts.solver == "cbc"
-                    else ""
-                )
+                f"no time for the LP relaxation: {takes}, {leaves}; {_more_time(opts.solver)}"
             )
         lp1, lp_x = model.solve_lp(
             lp_deadline, write=opts.write_model if opts.mode != "milp" else None
@@ -731,9 +726,7 @@ class _Model:
         if st1 != "optimal" or st2 != "optimal":
             st = st1 if st1 != "optimal" else st2
             if "time" in st or st == "no_solution":
-                hint = "raise --time-limit"
-                if self.opts.solver == "cbc":
-                    hint += ", or use --solver highs (far faster on large LPs)"
+                hint = _more_time(self.opts.solver)
             else:
                 hint = f"try --solver {_other(self.opts.solver)}"
             raise LpUnsolved(f"the LP relaxation did not solve ({st}); {hint}")
@@ -905,6 +898,12 @@ def _lp_floor(dag: PipelineDag, solver: SolverName) -> float:
     `CBC_LP_SECONDS_PER_PAIR2`)."""
     per = CBC_LP_SECONDS_PER_PAIR2 if solver == "cbc" else LP_SECONDS_PER_PAIR2
     return per * (dag.n_stages * dag.n_microbatches) ** 2
+
+
+def _more_time(solver: SolverName) -> str:
+    """The hint for an LP out of time: more of it, or (from CBC) the faster solver."""
+    hint = "raise --time-limit"
+    return hint + ", or use --solver highs (far faster on large LPs)" if solver == "cbc" else hint
 
 
 def _secs(s: float) -> str:
