@@ -407,7 +407,10 @@ def solve_cmd(
         Path, typer.Argument(help="Profile file (from `freezeopt profile` or `synth`).")
     ],
     out: Annotated[
-        Path | None, typer.Option("-o", "--out", help="Schedule file to write (YAML).")
+        Path | None,
+        typer.Option(
+            "-o", "--out", help="Schedule file to write (YAML); without it, nothing is written."
+        ),
     ] = None,
     budget: Annotated[
         float, typer.Option(help="Largest share of one step's expected progress freezing may drop.")
@@ -514,8 +517,7 @@ def solve_cmd(
         f"signal dropped  {100 * r.signal_dropped:9.2f} %",
     ]
     lines += [f"note: {n}" for n in r.notes]
-    if out:
-        lines.append(f"wrote {out}")
+    lines.append(f"wrote {out}" if out else "no schedule written (pass -o FILE.yaml to write one)")
     typer.echo("\n".join(lines))
 
 
@@ -626,8 +628,28 @@ to free, and the default collector walked them again and again: `freezeopt solve
 (medians of five; in-process, loading 0.38 → 0.27 s, the DAG 1.39 → 1.10 s)."""
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the process's edge, so where its collector thresholds are set
-    (`freezeopt.solve.solve` also pauses the collector while it runs)."""
+    (`freezeopt.solve.solve` also pauses the collector while it runs) and where a usage error
+    (a missing option, a value of the wrong type) becomes one line, as every other user error
+    does, rather than click's usage block."""
     gc.set_threshold(*GC_THRESHOLD)
-    app()
+    try:
+        code = app(args=argv, prog_name="freezeopt", standalone_mode=False)
+    except Exception as e:
+        # click's own errors (vendored by typer, so matched by shape, not by class).
+        message = getattr(e, "format_message", None)
+        exit_code = getattr(e, "exit_code", None)
+        if message is None or not isinstance(exit_code, int):
+            raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # `freezeopt` alone: the help
+            typer.echo(message(), err=True)
+        else:
+            ctx = getattr(e, "ctx", None)
+            see = f" (see {ctx.command_path} -h)" if ctx is not None else ""
+            typer.echo(f"error: {message()}{see}", err=True)
+        sys.exit(exit_code)
+    except typer.Abort:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -24,6 +24,7 @@ __all__ = [
     "load_json_file",
     "load_yaml_file",
     "read_text_file",
+    "stdout_discarded",
     "stdout_to_stderr",
 ]
 
@@ -57,17 +58,40 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def stdout_to_stderr() -> Iterator[None]:
-    """Send file descriptor 1 to stderr for the duration (HiGHS prints a banner there even with
-    msg=False); stdout stays for data. A no-op where stdout or stderr has no file descriptor."""
+    """Send file descriptor 1 to stderr for the duration (solvers print there even when told not
+    to); stdout stays for data. A no-op where stdout or stderr has no file descriptor."""
     try:
-        out_fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
+        err_fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    with _fd1_to(err_fd):
+        yield
+
+
+@contextlib.contextmanager
+def stdout_discarded() -> Iterator[None]:
+    """Send file descriptor 1 to os.devnull for the duration: for what is never worth reading
+    (`highspy.Highs()` prints its banner there before its output can be turned off)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        with _fd1_to(devnull):
+            yield
+    finally:
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def _fd1_to(fd: int) -> Iterator[None]:
+    try:
+        out_fd = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):
         yield
         return
     sys.stdout.flush()
     saved = os.dup(out_fd)
     try:
-        os.dup2(err_fd, out_fd)
+        os.dup2(fd, out_fd)
         yield
     finally:
         sys.stdout.flush()

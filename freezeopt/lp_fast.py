@@ -61,12 +61,12 @@ import numpy as np
 from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, LpUnsolved, SolverError
-from freezeopt.fileio import stdout_to_stderr
+from freezeopt.fileio import stdout_discarded, stdout_to_stderr
 
 if TYPE_CHECKING:
     from freezeopt.solve import _Model  # solve imports this module
 
-__all__ = ["FastLP", "LpAnswer", "LpCache", "phase2_limit"]
+__all__ = ["FastLP", "LpAnswer", "LpCache", "phase2_limit", "quiet_highs"]
 
 Key = tuple[Action, int]
 Method = Literal["auto", "simplex", "ipm"]
@@ -76,6 +76,21 @@ WARM_PIVOTS = 1.0
 WARM_MIN_PIVOTS = 100
 """From `IPM_FROM` actions, a warm phase 1 may take this many simplex pivots per action before
 the model is solved cold by interior point instead (and its later re-solves too)."""
+
+
+def quiet_highs(threads: int) -> Any:
+    """A new `highspy.Highs` that prints nothing, on `threads` threads. Its constructor prints a
+    banner on file descriptor 1 before its output can be turned off, so that goes nowhere; HiGHS
+    keeps one thread scheduler per process, and one made for another thread count fails the next
+    solve ("scheduler has already been initialized"), so it is reset first."""
+    import highspy
+
+    highspy.Highs.resetGlobalScheduler(True)
+    with stdout_discarded():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", threads)
+    return h
 
 
 def phase2_limit(t1: float, tolerance: float) -> float:
@@ -345,11 +360,8 @@ class FastLP:
         self._n, self._K, self._col_T, self._col_y = n, K, col_T, col_y
         self._ncol, self._nrow = ncol, nrow
         self._slopes, self._scale, self._loss0 = slopes * scale, scale, loss0
-        with stdout_to_stderr():  # highspy prints a banner on fd 1
-            highspy.Highs.resetGlobalScheduler(True)  # see freezeopt.solve's _solver
-            h = highspy.Highs()
-            h.setOptionValue("output_flag", False)
-            h.setOptionValue("threads", self.threads)
+        h = quiet_highs(self.threads)
+        with stdout_to_stderr():
             h.passModel(lp)
         self._h = h
         self._solved = False

@@ -403,12 +403,20 @@ def load_profile(path: str | Path) -> Profile:
     from freezeopt.fileio import load_json_file
 
     p = Path(path)
-    data = load_json_file(
-        p,
-        what="profile",
-        limit=PROFILE_MAX_BYTES,
-        missing_hint="create one with `freezeopt profile` or `freezeopt synth`",
-    )
+    try:
+        data = load_json_file(
+            p,
+            what="profile",
+            limit=PROFILE_MAX_BYTES,
+            missing_hint="create one with `freezeopt profile` or `freezeopt synth`",
+        )
+    except InputError:
+        if p.suffix.lower() in (".yaml", ".yml") and p.is_file():
+            raise InputError(
+                f"{p}: not a profile (profiles are JSON; YAML files are schedules or job specs); "
+                "pass the profile (`freezeopt profile` or `freezeopt synth` makes one)"
+            ) from None
+        raise
     return parse_profile(data, source=str(p))
 
 

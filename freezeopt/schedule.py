@@ -364,6 +364,11 @@ def parse_schedule(data: Any, *, source: str = "schedule") -> Schedule:
         raise InputError(
             f"{source}: not a freezeopt schedule (expected a mapping with schema_version first)"
         )
+    if {"actions", "ranks"} <= data.keys() and "frozen" not in data:
+        raise InputError(
+            f"{source} is a profile, not a schedule; make a schedule from it with "
+            f"`freezeopt solve {source} -o SCHEDULE.yaml`"
+        )
     if data.get("schema_version") != SCHEDULE_VERSION:
         raise InputError(
             f"{source}: schedule schema_version {data.get('schema_version')!r} is not supported; this freezeopt "

@@ -21,6 +21,7 @@ from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import SolverError
 from freezeopt.fileio import stdout_to_stderr
+from freezeopt.lp_fast import quiet_highs
 
 __all__ = ["BIG_M", "TimelyFreezeLP", "solve_timelyfreeze_lp"]
 
@@ -96,11 +97,8 @@ def solve_timelyfreeze_lp(dag: PipelineDag, *, stage_cap: float = 0.9) -> Timely
     lp.a_matrix_.start_ = np.searchsorted(rows_nz, np.arange(n_cols + 1)).astype(np.int32)
     lp.a_matrix_.index_ = cols_nz.astype(np.int32)
     lp.a_matrix_.value_ = a_ub.T[rows_nz, cols_nz]
-    with stdout_to_stderr():  # highspy prints a banner on fd 1
-        highspy.Highs.resetGlobalScheduler(True)  # see freezeopt.solve: one scheduler per process
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", 1)
+    h = quiet_highs(1)
+    with stdout_to_stderr():
         h.passModel(lp)
         h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:

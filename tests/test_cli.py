@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -84,10 +85,13 @@ def test_modes_and_solvers(profile: Path, mode: str, solver: str) -> None:
     assert json.loads(r.stdout)["mode"] == mode
 
 
-def test_human_output(profile: Path) -> None:
+def test_human_output(tmp_path: Path, profile: Path) -> None:
     r = run("solve", profile)
     assert r.exit_code == 0
     assert "LP bound" in r.stdout and "predicted" in r.stdout
+    assert r.stdout.rstrip().endswith("no schedule written (pass -o FILE.yaml to write one)")
+    r = run("solve", profile, "-o", tmp_path / "s.yaml")
+    assert r.stdout.rstrip().endswith(f"wrote {tmp_path / 's.yaml'}")
 
 
 def test_human_output_without_the_lp_names_its_bound(
@@ -113,12 +117,14 @@ def test_human_output_without_the_lp_names_its_bound(
         (["synth", "--schedule", "Nope", "-o", "{t}/x.json"], 2, "unknown schedule"),
         (["synth", "--ranks", "0", "-o", "{t}/x.json"], 2, "at least 1"),
         (["schema", "thing"], 2, "unknown schema"),
-        (["validate", "{p}"], 2, "invalid schedule at provenance"),
+        (["validate", "{p}"], 2, r"\.json is a profile, not a schedule; .*freezeopt solve"),
+        (["simulate", "{t}/s.yaml", "--profile", "{t}/s.yaml"], 2, r"s\.yaml: not a profile \("),
     ],
 )
 def test_user_errors_are_one_line(
     tmp_path: Path, profile: Path, args: list[str], code: int, msg: str
 ) -> None:
+    assert run("solve", profile, "-o", tmp_path / "s.yaml").exit_code == 0
     argv = [a.format(p=profile, t=tmp_path) for a in args]
     r = run(*argv)
     assert r.exit_code == code, r.output
@@ -127,6 +133,61 @@ def test_user_errors_are_one_line(
     assert len(lines) == 1 and lines[0].startswith("error: ")
 
     assert re.search(msg, lines[0])
+
+
+@pytest.fixture
+def main() -> Iterator[Callable[[list[str]], None]]:
+    """The console-script entry point, with the collector's thresholds it sets put back."""
+    import gc
+
+    from freezeopt import cli
+
+    before = gc.get_threshold()
+    yield cli.main
+    gc.set_threshold(*before)
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (
+            ["solve", "{p}", "--budget", "abc"],
+            r"Invalid value for '--budget'.*\(see freezeopt solve -h\)",
+        ),
+        (["synth"], r"Missing option '-o'"),
+        (["simulate", "{p}"], r"Missing option '--profile'"),
+        (["solve"], r"Missing argument 'profile'"),
+        (["solve", "{p}", "--no-such"], r"No such option: --no-such"),
+        (["no-such"], r"No such command 'no-such'.*\(see freezeopt -h\)"),
+    ],
+)
+def test_usage_errors_are_one_line_too(
+    capsys: pytest.CaptureFixture[str],
+    main: Callable[[list[str]], None],
+    profile: Path,
+    args: list[str],
+    msg: str,
+) -> None:
+    """The entry point turns click's usage block (usage, hint, blank line, error) into one line."""
+    with pytest.raises(SystemExit) as exited:
+        main([a.format(p=profile) for a in args])
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert re.search(msg, lines[0]), lines[0]
+
+
+def test_the_entry_point_keeps_help_and_exit_codes(
+    capsys: pytest.CaptureFixture[str], main: Callable[[list[str]], None]
+) -> None:
+    for argv, code in ((["--version"], 0), (["solve", "-h"], 0), ([], 2)):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == code, argv
+    out, err = capsys.readouterr()
+    assert out.startswith("freezeopt ") and "Usage: freezeopt solve" in out
+    assert err.startswith("Usage: freezeopt [OPTIONS] COMMAND")  # `freezeopt` alone: the help
 
 
 def test_schedule_for_another_job_exits_4(tmp_path: Path, profile: Path) -> None:
@@ -171,25 +232,18 @@ def test_version_and_module_entry_point() -> None:
     assert out.stdout.startswith("freezeopt ")
 
 
-def test_highs_banner_stays_off_stdout(profile: Path) -> None:
+@pytest.mark.parametrize("args", [["--solver", "highs", "--mode", "lp"], ["--solver", "highs"], []])
+def test_highs_prints_no_banner(profile: Path, args: list[str]) -> None:
+    """highspy prints a banner on fd 1 when constructed; it goes nowhere (the default `milp` with
+    CBC dives with HiGHS, and printed it on every solve)."""
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "freezeopt",
-            "solve",
-            str(profile),
-            "--solver",
-            "highs",
-            "--mode",
-            "lp",
-            "--json",
-        ],
+        [sys.executable, "-m", "freezeopt", "solve", str(profile), *args, "--json"],
         capture_output=True,
         text=True,
         check=True,
     )
     json.loads(out.stdout)  # nothing but the JSON object
+    assert "HiGHS" not in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize(
@@ -245,10 +299,12 @@ def test_the_entry_point_collects_garbage_less_often(monkeypatch: pytest.MonkeyP
 
     seen: list[tuple[int, ...]] = []
     before = gc.get_threshold()
-    monkeypatch.setattr(cli, "app", lambda: seen.append(gc.get_threshold()))
+    monkeypatch.setattr(cli, "app", lambda **_: seen.append(gc.get_threshold()))
     try:
-        cli.main()
+        with pytest.raises(SystemExit) as exited:
+            cli.main()
     finally:
         gc.set_threshold(*before)
+    assert exited.value.code == 0
     assert seen == [cli.GC_THRESHOLD]
     assert cli.GC_THRESHOLD[0] > before[0]

@@ -57,7 +57,10 @@ def test_compare_tiny(tmp_path: Path) -> None:
         time_limit=20,
     )
     out = tmp_path / "cmp"
-    rep = compare_job(tiny_job(), out_dir=out, opts=opts, progress=False, command="cmd under test")
+    # the job leaves its first 3 steps unmeasured, as many as compare's warm-up: no run measures a
+    # full-update step of its own (compare times every policy against `none`'s run instead)
+    job = replace_job(tiny_job(), warmup_steps=3)
+    rep = compare_job(job, out_dir=out, opts=opts, progress=False, command="cmd under test")
     assert [r.policy for r in rep.results] == list(opts.policies)
     res = {r.policy: r for r in rep.results}
     none = res["none"]
@@ -87,6 +90,9 @@ def test_compare_tiny(tmp_path: Path) -> None:
             assert hit is not None and dict(vals)[hit] <= target
             assert all(v > target for s, v in vals if s < hit)
             assert run.end_step == min(s for s in steps if s >= max(n, hit))
+    own = json.loads((Path(rep.runs[-1].out_dir) / "report.json").read_text())["warnings"]
+    assert any(w.startswith("no full-update step was measured") for w in own)
+    assert not any("no full-update step was measured" in w for w in rep.warnings)
     table = format_compare(rep)
     for r in rep.results:
         row = next(ln for ln in table.splitlines() if ln.startswith(f"| {r.policy} |"))
