@@ -1,6 +1,6 @@
 """Planning without the LP: a lower bound on the step time and a start for the search, from rank loads.
 
-Why: at 64 stages × 256 microbatches the LP relaxation takes one to two minutes. When it cannot
+Why: at 64 stages × 256 microbatches the LP relaxation takes 70–155 s with HiGHS. When it cannot
 finish in the time limit, the heuristic still owes an answer and an honest bound on how far that
 answer can be from the best plan. Both come from one observation, in well under a second there.
 
@@ -20,7 +20,7 @@ The start: the same allocation in whole microbatches (freeze in the rank with th
 first, the group with the least signal per ms saved first, while the budget and caps allow), then
 placed in each group's microbatches evenly spread or from both ends of the step (warm-up and
 cool-down, where 1F1B's critical path runs), whichever the simulator times faster. The search
-(`freezeopt.solve`) improves it from there.
+(`freezeopt.search`) improves it from there.
 """
 
 from __future__ import annotations

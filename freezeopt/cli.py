@@ -488,6 +488,7 @@ def solve_cmd(
         "baseline_ms": round(r.baseline_ms, 4),
         "all_frozen_ms": round(r.all_frozen_ms, 4),
         "lp_bound_ms": round(r.lp_bound_ms, 4),
+        "bound_from_lp": r.bound_from_lp,
         "predicted_ms": round(r.predicted_ms, 4),
         "speedup": round(r.baseline_ms / r.predicted_ms, 4) if r.predicted_ms else None,
         "gap": round(r.gap, 6),
@@ -503,7 +504,7 @@ def solve_cmd(
     gain = r.baseline_ms - r.predicted_ms
     room = r.baseline_ms - r.lp_bound_ms
     # without the LP the bound is one of freezeopt.balance's or freezeopt.relax's (notes say which)
-    no_lp = r.status == "heuristic_fallback"
+    no_lp = not r.bound_from_lp
     what = "bound (no LP)" if no_lp else "LP bound"
     lines = [
         f"status          {r.status} ({r.mode}, {r.solver}, {r.solve_seconds:.2f} s)",

@@ -73,9 +73,11 @@ Method = Literal["auto", "simplex", "ipm"]
 IPM_FROM = 10000
 """Actions from which `auto` runs phase 1 by interior point (with crossover) instead of simplex."""
 WARM_PIVOTS = 1.0
-WARM_MIN_PIVOTS = 100
 """From `IPM_FROM` actions, a warm phase 1 may take this many simplex pivots per action before
 the model is solved cold by interior point instead (and its later re-solves too)."""
+WARM_MIN_PIVOTS = 100
+"""A floor on that budget (with `WARM_PIVOTS` at 1 it does not bind from `IPM_FROM` actions on; it
+keeps a lowered `WARM_PIVOTS` from leaving a warm solve almost no pivots)."""
 
 
 def quiet_highs(threads: int) -> Any:
@@ -149,9 +151,9 @@ class _Arrays:
 class FastLP:
     """The LP relaxation of one DAG and option set, held in a HiGHS model for warm re-solves.
 
-    `keys`, `loss`, `kmax` and `stage_share` are those of `freezeopt.solve` (what may be frozen,
-    each group's signal curve, the group cap as a count, each group's share of its stage's
-    freezable time); `for_problem` computes them from a signal model and `SolveOptions`.
+    `keys`, `loss` and `kmax` are those of `freezeopt.solve` (what may be frozen, each group's
+    signal curve, the group cap as a count); each group's share of its stage's freezable time
+    comes from the DAG. `for_problem` computes them from a signal model and `SolveOptions`.
     """
 
     def __init__(
@@ -498,7 +500,7 @@ class FastLP:
     def fix(self, ones: Sequence[int] = (), zeros: Sequence[int] = ()) -> None:
         """Fix keys (positions in `keys`) at frozen (`ones`) or not frozen (`zeros`) for the
         solves that follow, which start from the last basis: what LP diving does
-        (`freezeopt.solve`). Bounds never break an edge reduction (durations stay ≥ `d_min`)."""
+        (`freezeopt.dive`). Bounds never break an edge reduction (durations stay ≥ `d_min`)."""
         h = self._h
         for chosen, v in ((ones, 1.0), (zeros, 0.0)):
             if len(chosen):

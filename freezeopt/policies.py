@@ -157,6 +157,7 @@ def _result_of(
         frozen=dict(sorted(plan.items())),
         budget=budget,
         notes=(f"{policy}: lp_bound_ms is the all-frozen floor (no LP solved)",),
+        bound_from_lp=False,
     )
 
 

@@ -1,6 +1,6 @@
 """The LP relaxation approximated without an LP solver: a fractional plan and a proven lower bound.
 
-Why: at 64 stages × 256 microbatches HiGHS needs 1.5–3 minutes for the LP relaxation. When it
+Why: at 64 stages × 256 microbatches HiGHS needs 70–155 s for the LP relaxation. When it
 cannot finish in the time limit, the heuristic still needs a start for its search and a bound on
 how far its answer can be from the best plan. `freezeopt.balance` gives both from rank loads in
 well under a second; this module gives better ones the longer it runs (measured: 1F1B 64×256, a

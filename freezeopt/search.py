@@ -9,8 +9,9 @@ The moves (`search`): fill — freeze more on the critical path, the most time s
 spent first (`_fill`; in batches while time is short, `FILL_BATCH`); swap — move a group's
 freezing from a microbatch with slack onto the critical path, same counts and so the same signal
 (`_swap`; with `cross`, into another group when budget and caps allow; up to `BATCH` at once); and
-fill again while swaps help. With `kicks`, time the moves leave goes to kicks: release the frozen
-keys with the most slack and search again, keeping the plan when the step gets shorter (`KICK`).
+fill again while swaps help, up to `SWAP_ROUNDS` times. With `kicks`, time the moves leave goes
+to kicks: release the frozen keys with the most slack and search again, keeping the plan when the
+step gets shorter (`KICK`).
 
 Everything works on one boolean array over the model's keys (`KeyIndex`): at 64×256 the search
 re-times the DAG thousands of times (`freezeopt.simulate.Timer`, compiled), and bookkeeping in
@@ -96,6 +97,8 @@ simulator's passes were compiled, DAGs over 20,000 actions got 20: at 1F1B 64×2
 gap to the LP bound from 3.74 % to 2.98 %. That search took 44–51 s with plans in dicts and takes
 6.2 s on arrays (`KeyIndex`), with the same plan; more tries barely help (32×128: 2.02 % at 200,
 1.95 % at 2,000), because the search stops at a local optimum, not at the count."""
+SWAP_ROUNDS = 4
+"""At most this many rounds of swap-then-fill in one pass of the moves (`_moves`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,10 +300,11 @@ def search(
 
 
 def _moves(dag: PipelineDag, model: Model, on: np.ndarray, clock: Deadline, batch: int) -> bool:
-    """Fill, then swap and fill again while swaps help (`search`); whether anything changed."""
+    """Fill, then swap and fill again while swaps help, at most `SWAP_ROUNDS` times (`search`);
+    whether anything changed."""
     timing = model.timer
     changed = _fill(dag, model, on, TRIES, timing, clock=clock, batch=batch)
-    for _ in range(4):  # a swap shortens the critical path at no signal cost; fill may use it
+    for _ in range(SWAP_ROUNDS):  # a swap shortens the critical path at no signal cost
         if not _swap(dag, model, on, TRIES, timing, clock=clock) and not _swap(
             dag, model, on, TRIES, timing, cross=True, clock=clock
         ):
@@ -336,7 +340,7 @@ def _release(model: Model, on: np.ndarray, share: float) -> None:
 def tally(
     dag: PipelineDag, model: Model, on: np.ndarray
 ) -> tuple[np.ndarray, float, np.ndarray, float]:
-    """What `_fill`, `_swap` and the LP dive (`freezeopt.solve`) keep up to date move by move, for
+    """What `_fill`, `_swap` and the LP dive (`freezeopt.dive`) keep up to date move by move, for
     the plan that freezes the keys of `on`: the frozen count per (stage, group) number
     (`KeyIndex.pairs`), the signal dropped, each stage's load (frozen microbatches weighted by
     share) against its cap, and the cap (inf when there is none)."""

@@ -23,7 +23,7 @@ counts, so the same signal and caps — and fill again; with time left once thes
 helping, kicks: release the frozen keys with the most slack and search again). The heuristic
 gives the LP `LP_SHARE` of its time (none when the LP cannot fit: `LP_BUILD_PER_TIMER`,
 `LP_SECONDS_PER_PAIR2`, `LP_FLOOR_SHARE`); when the LP does not
-solve in it (1–3 minutes at 64×256), the same search starts from a plan built without the LP and
+solve in it (70–155 s at 64×256 with HiGHS), the same search starts from a plan built without the LP and
 the reported bound is the rank-load bound (`freezeopt.balance`), or, with time for it, the better
 start and the higher bound of that and the first-order relaxation (`freezeopt.relax`,
 `RELAX_SHARE` of the time left), so `heuristic` answers within its time limit at every size. Such
@@ -220,7 +220,9 @@ class SolveResult:
     all_frozen_ms: float
     """Simulated step time with every freezable group frozen everywhere: the floor."""
     lp_bound_ms: float
-    """Phase-1 optimum of the LP relaxation under the same budget and caps: no plan beats it."""
+    """Phase-1 optimum of the LP relaxation under the same budget and caps: no plan beats it.
+    Where the answer came without the LP (`bound_from_lp` false), a bound of its own, at or below
+    the LP's: the rank-load bound or the first-order relaxation's (the notes say which)."""
     predicted_ms: float
     """Simulated step time of the answer."""
     gap: float
@@ -232,8 +234,11 @@ class SolveResult:
     """(action, group index) → frozen extent (1.0 in milp/heuristic; fractions in lp). Zeros omitted."""
     budget: float
     notes: tuple[str, ...] = ()
+    bound_from_lp: bool = True
+    """Whether `lp_bound_ms` is the LP relaxation's optimum (see `lp_bound_ms`)."""
     timings: Mapping[str, float] = field(default_factory=dict)
-    """Seconds spent building PuLP models (`build`), in the solver (`solver`) and in the rest (`other`)."""
+    """Seconds spent building models (`build`: PuLP's, or the LP's arrays), in the solver
+    (`solver`) and in the rest (`other`)."""
 
 
 def solve(
@@ -296,6 +301,7 @@ def _solve(
     start: dict[Key, float] | None = None
     balanced: dict[Key, float] = {}  # without the LP: the rank-balanced plan, whatever the start
     t_balanced = math.inf  # and its step time
+    bound_from_lp = True
     try:
         lp_left = _left(lp_deadline)
         at_least = _lp_floor(dag, opts.solver)
@@ -335,6 +341,7 @@ def _solve(
             raise
         lp1, start = model.lp_free(floor)
         lp_x = {}
+        bound_from_lp = False
         how = "the search from a rank-balanced start"
         bound_note = f"the rank-load bound ({lp1:.1f} ms; see freezeopt.balance)"
         relax_needs = RELAX_ITERATIONS * RELAX_SECONDS_PER_ACTION * len(dag.order)
@@ -403,6 +410,12 @@ def _solve(
     if predicted is None:
         predicted = model.makespan(frozen)
     lp_bound = min(lp1, predicted)
+    if opts.write_model is not None and not model.wrote_model:
+        why = "the answer came without the LP" if not bound_from_lp else "no time for the MILP"
+        notes.append(
+            f"--write-model: nothing written ({why}); raise --time-limit, or write the LP with "
+            "--mode lp"
+        )
     return SolveResult(
         status=status,
         mode=mode,
@@ -417,6 +430,7 @@ def _solve(
         frozen={k: v for k, v in sorted(frozen.items(), key=_by_key) if v > 1e-9},
         budget=opts.budget,
         notes=tuple(notes),
+        bound_from_lp=bound_from_lp,
         timings={
             "build": model.build_seconds,
             "solver": model.solver_seconds,
@@ -486,6 +500,9 @@ class _Model:
         ]
         self.build_seconds = 0.0
         self.solver_seconds = 0.0
+        self.wrote_model = False
+        """Whether `--write-model` wrote a model: not where no PuLP model was built for the answer
+        (no LP, or no time for the MILP)."""
         self._spare_lp: FastLP | None = None
         self.relax_seconds = 0.0
         """Seconds phase 1 of the LP relaxation took through PuLP (model and solver; 0 with
@@ -609,6 +626,12 @@ class _Model:
             prob.setObjective(pulp.LpAffineExpression([(v, 1.0) for v in ell] or [(T, 0.0)]))
         return prob, _Vars(x=x, T=T, ell=ell)
 
+    def _write(self, prob: pulp.LpProblem, path: Path | None, *, phase: int) -> None:
+        """`--write-model`: write a phase's PuLP model (phase 2 beside phase 1's file)."""
+        if path is not None:
+            write_pulp_model(prob, path, phase=phase)
+            self.wrote_model = True
+
     def t_limit(self, t1: float) -> float:
         """Phase-2 bound on the makespan: the phase-1 value, the tolerance, and numerical slack."""
         return phase2_limit(t1, self.opts.tolerance)
@@ -629,11 +652,12 @@ class _Model:
         deadline: float,
         write: Path | None,
     ) -> tuple[str, str, dict[Key, float], float]:
-        """Run phase 1 then phase 2; return (status1, status2, plan, T1). Raises if phase 1 finds nothing."""
+        """Run phase 1 then phase 2; return (status1, status2, plan, T1). Where phase 1 finds
+        nothing, phase 2 is `skipped`, the plan is `start` (or empty) and T1 is inf."""
         o = self.opts
         began = time.perf_counter()
         p1, v1 = self.build(integer=integer, t_max=None)
-        write_pulp_model(p1, write, phase=1)
+        self._write(p1, write, phase=1)
         if start is not None:
             self._warm(p1, v1, start)
         limit1 = _left(deadline) / 2 if integer else _left(deadline)
@@ -655,7 +679,7 @@ class _Model:
             t1 = float(v1.T.value())
         t_max = self.t_limit(t1)
         if write is not None:
-            write_pulp_model(self.build(integer=integer, t_max=t_max)[0], write, phase=2)
+            self._write(self.build(integer=integer, t_max=t_max)[0], write, phase=2)
         if o.solver == "highs":
             st2, plan2 = self._timed_highs_phase2(p1, v1, t_max, deadline)
         else:
@@ -749,10 +773,8 @@ class _Model:
         if self.lp_cache is None:  # a model of this solve alone: the dive may take it over
             self._spare_lp = cache.take()
         if write is not None:
-            write_pulp_model(self.build(integer=False, t_max=None)[0], write, phase=1)
-            write_pulp_model(
-                self.build(integer=False, t_max=self.t_limit(ans.t1))[0], write, phase=2
-            )
+            self._write(self.build(integer=False, t_max=None)[0], write, phase=1)
+            self._write(self.build(integer=False, t_max=self.t_limit(ans.t1))[0], write, phase=2)
         return ans.t1, ans.x
 
     def solve_milp(

@@ -10,7 +10,8 @@ runs), loads the compiled simulator and relaxation passes before the first re-pl
 it is ready (its first message; `ReplanWorker.ready`), and dies with the rank that started it
 (`launch.die_with_parent`).
 
-Why not a thread: the heuristic's search is pure Python and holds the GIL, and a rank's training
+Why not a thread: the heuristic's search holds the GIL (Python between compiled passes, which
+are not compiled `nogil`), and a rank's training
 loop needs the GIL between every pair of torch calls. Measured (`benchmarks/bench_overlap.py`): a
 training-like loop beside a 32×128 heuristic re-plan (7.4 s) ran 664 iterations/s, with a 0.6 s
 stall, when the re-plan ran in a thread; 814 beside the process, 818 alone. (Before the search

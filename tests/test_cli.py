@@ -95,16 +95,40 @@ def test_human_output(tmp_path: Path, profile: Path) -> None:
 
 
 def test_human_output_without_the_lp_names_its_bound(
-    profile: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, profile: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where the heuristic answers without the LP, the bound it prints is not the LP's."""
     from freezeopt import solve as solve_mod
 
     monkeypatch.setattr(solve_mod, "LP_BUILD_PER_TIMER", 1e12)
-    r = run("solve", profile, "--mode", "heuristic", "--solver", "highs")
+    model = tmp_path / "m.lp"
+    r = run("solve", profile, "--mode", "heuristic", "--solver", "highs", "--write-model", model)
     assert r.exit_code == 0, r.output
     assert "heuristic_fallback" in r.stdout and "bound (no LP)" in r.stdout
     assert not re.search(r"^LP bound", r.stdout, re.M) and "of the bound gain" in r.stdout
+    assert "note: --write-model: nothing written (the answer came without the LP)" in r.stdout
+    assert not model.exists()
+    r = run("solve", profile, "--mode", "heuristic", "--solver", "highs", "--json")
+    assert json.loads(r.stdout)["bound_from_lp"] is False
+
+
+def test_a_milp_that_keeps_its_start_still_has_the_lp_bound(
+    tmp_path: Path, profile: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`heuristic_fallback` from `milp` after the LP solved: the bound printed is the LP's, and
+    `--write-model` says why it wrote nothing."""
+    from freezeopt import solve as solve_mod
+
+    monkeypatch.setattr(solve_mod._Model, "no_time_for_milp", lambda self, deadline: "no time")
+    model = tmp_path / "m.lp"
+    r = run("solve", profile, "--write-model", model)
+    assert r.exit_code == 0, r.output
+    assert "status          heuristic_fallback" in r.stdout
+    assert re.search(r"^LP bound", r.stdout, re.M) and "bound (no LP)" not in r.stdout
+    assert "note: --write-model: nothing written (no time for the MILP)" in r.stdout
+    assert not model.exists()
+    out = json.loads(run("solve", profile, "--json").stdout)
+    assert out["status"] == "heuristic_fallback" and out["bound_from_lp"] is True
 
 
 @pytest.mark.parametrize(
