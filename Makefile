@@ -39,7 +39,7 @@ demo: install
 		--measured out/train/actions.json --gantt out/tiny-gpt.png
 
 bench: install
-	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver.md
+	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver-latest.md
 	$(BIN)/python benchmarks/bench_compare.py --out benchmarks/RESULTS.md --steps 120 --repeats 3 --sweep 0.2
 	$(BIN)/python benchmarks/bench_replan.py --out benchmarks/replan.md --rounds 3
 	$(BIN)/python benchmarks/bench_replan_scale.py --out benchmarks/replan_scale.md

@@ -231,13 +231,15 @@ class Profile:
     lags: tuple[Lag, ...] = ()
     """Measured point-to-point lags; pairs not listed count as 0."""
     gradients: tuple[GradientTrace, ...] = ()
-    """Gradient traces per group; empty means sensitivities fall back to parameter counts."""
+    """Gradient traces per group; without them only the `numel` and `flat` sensitivities can
+    solve it (`gns`, `gns-raw` and `norm` need traces)."""
     loss: tuple[float, ...] = ()
     """Training loss per measured step."""
     val_loss: tuple[float, ...] = ()
     """Validation loss, where measured."""
     step_ms: Stat | None = None
-    """Measured wall time of one optimizer step, where measured."""
+    """Measured wall time of one pipeline step (first rank's start to last rank's end of the
+    schedule's step; the optimizer is timed apart, `ranks[].optimizer_ms`), where measured."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form extras (e.g. the profiler's self-check); ignored by `solve`."""
     timeline: tuple[TimelineEntry, ...] = ()

@@ -83,7 +83,8 @@ class Decision:
     rollback: bool = False
     """The caller should restore the last checkpoint."""
     events: tuple[dict[str, Any], ...] = ()
-    """Events to log (phase changes, drifts, fallbacks)."""
+    """Events to log (from `end_step`: drifts, with the fallback or re-plan they cause; phase
+    changes come from `begin_step`)."""
     replan: bool = False
     """The step-time rule fired and, with `replan_on_drift`, asks for a new plan (no fallback)."""
 
@@ -93,7 +94,10 @@ class _State:
     step: int = -1
     phase: str = "init"
     fallback_until: int = -1
-    losses: deque[float] = field(default_factory=lambda: deque(maxlen=_LOSS_WINDOW + _LOSS_RECENT))
+    # the reference window and the recent losses but the current one, which `end_step` adds
+    losses: deque[float] = field(
+        default_factory=lambda: deque(maxlen=_LOSS_WINDOW + _LOSS_RECENT - 1)
+    )
     grad_norms: dict[str, deque[float]] = field(default_factory=dict)
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_TIME_WINDOW))
     full_times: deque[float] = field(default_factory=lambda: deque(maxlen=_FULL_WINDOW))

@@ -65,13 +65,14 @@ class ScheduleProvenance:
     profile_source: str
     """`measured` or `synth`."""
     mode: str
-    """`milp`, `lp` or `heuristic`."""
+    """`milp`, `lp` or `heuristic`; in `freezeopt compare`'s baselines, the policy's name."""
     solver: str
     """`cbc` or `highs`."""
     status: str
-    """Solver outcome: `optimal`, `time_limit`, `heuristic`, `heuristic_fallback`."""
+    """Solver outcome: `optimal`, `time_limit`, `heuristic`, `heuristic_fallback` (or `policy`
+    for `freezeopt compare`'s baselines)."""
     sensitivity: str
-    """Sensitivity estimator (`gns`, `norm`, `numel`, `flat`)."""
+    """Sensitivity estimator (`gns`, `gns-raw`, `norm`, `numel`, `flat`)."""
     budget: Share
     """Largest share of one step's expected progress freezing may drop."""
     group_cap: Share
@@ -104,7 +105,8 @@ class Drift:
 
     __pydantic_config__ = _CONFIG
     loss_rise: NonNeg = 0.05
-    """Fall back when the loss exceeds its recent full-update trend by this relative amount."""
+    """Fall back when the loss exceeds its recent trend (the losses of steps where no rule
+    fired) by this relative amount."""
     grad_norm_spike: NonNeg = 5.0
     """Fall back when a group's gradient norm exceeds its running median by this factor."""
     step_time_error: NonNeg = 0.25

@@ -1,4 +1,5 @@
-"""Timing a pipeline schedule: list scheduling on the DAG, the critical path, and a Gantt chart.
+"""Timing a pipeline schedule: list scheduling on the DAG and the critical path (`freezeopt.plot`
+draws the Gantt chart from its timeline).
 
 Given any choice of durations (nothing frozen, all frozen, or a solved schedule), every rank runs
 its actions in program order, each as soon as the rank is free and its inputs have arrived. With

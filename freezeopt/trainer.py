@@ -33,7 +33,7 @@ step's all-reduce, so every rank learns it after the same step; they then receiv
 `broadcast_object_list` and switch to the new plan from the next step together. The plan version
 goes through the same all-reduce as the phase: ranks that disagree raise. Rank 0 writes the new
 plan to `replans/step-NNNNNNNN.yaml` (the first step it runs) and a `replan` event (or
-`replan_rejected` when it is not predicted faster, `replan_failed` when the solve failed); a
+`replan_rejected` when it is the same plan or predicted slower, `replan_failed` when the solve failed); a
 re-plan still solving when the last step ends is waited for and reported at that step. The
 active plan is part of every checkpoint, so a resume continues with it.
 

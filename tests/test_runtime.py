@@ -94,6 +94,19 @@ def test_loss_rise_falls_back_for_a_window() -> None:
     assert c.fallbacks == 1
 
 
+def test_loss_rise_compares_with_the_median_of_the_20_losses_before_the_last_3() -> None:
+    """The rule as docs/training.md states it: a low loss 21 losses before the current one is out
+    of the reference window (with it, the median is 2.50 and 2.64 would be a 5.6 % rise)."""
+    sched = _with_frozen(
+        _schedule(Phases(warmup_steps=0, full_update_every=0)), {0: {"s0.g0": "0"}}
+    )
+    c = FreezeController(sched, stages=[0])
+    falling = [0.1] + [3.0 - 0.05 * i for i in range(20)]  # the reference: median 2.525
+    assert not any(d.drift for d in _drive(c, [*falling, 2.64, 2.64, 2.64]))  # 4.6 % above it
+    c2 = FreezeController(sched, stages=[0])
+    assert _drive(c2, [*falling, 2.66, 2.66, 2.66])[-1].drift == ("loss_rise",)  # 5.3 % above
+
+
 def test_nonfinite_and_spikes() -> None:
     sched = _with_frozen(
         _schedule(Phases(warmup_steps=0, full_update_every=0)), {0: {"s0.g0": "0"}}
