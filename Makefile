@@ -1,7 +1,7 @@
 # freezeopt — every target installs what it needs into a local venv first.
 #   make demo    profile the built-in job for real → solve → train with the schedule → Gantt (files in out/)
 #   make test    the test suite
-#   make bench   solver benchmarks → benchmarks/solver.md; policies compared → benchmarks/RESULTS.md;
+#   make bench   solver benchmarks → benchmarks/solver-latest.md; policies compared → benchmarks/RESULTS.md;
 #                online re-planning after a stage slows down → benchmarks/replan.md; re-plans at
 #                scale → benchmarks/replan_scale.md; training beside a re-plan → benchmarks/overlap.md
 #   make reliability  fuzzing (>10,000 cases) and fault injection → benchmarks/reliability.md

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Solver benchmarks: build + solve time and peak memory of freezeopt's modes, written as Markdown.
 
-    .venv/bin/python benchmarks/bench_solver.py --out benchmarks/solver.md     (what `make bench` runs)
+    .venv/bin/python benchmarks/bench_solver.py --out benchmarks/solver-latest.md  (what `make bench` runs;
+        benchmarks/solver.md keeps the runs so far, each copied in with what it measured)
     .venv/bin/python benchmarks/bench_solver.py --quick --out /tmp/solver.md   (smoke run, ~1 min)
     .venv/bin/python benchmarks/bench_solver.py --sections lp --sizes 32x128 --schedules 1F1B \
         --groups 4 --out /tmp/solver.md                                         (a subset)
@@ -1367,7 +1368,7 @@ SECTIONS = ["lp", "milp", "dense"]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "solver.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "solver-latest.md")
     ap.add_argument("--quick", action="store_true", help="smallest sizes only (smoke run)")
     ap.add_argument(
         "--sections", default=",".join(SECTIONS), help=f"which to run, of {','.join(SECTIONS)}"
