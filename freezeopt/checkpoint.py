@@ -217,10 +217,13 @@ def check_meta(ckpt: Checkpoint, expected: dict[str, Any]) -> None:
     for key, want in expected.items():
         got = ckpt.meta.get(key)
         if got != want:
+            what = key.replace("_", " ")
+            if key == "schedule_sha256":  # of the schedule as trained: the file and its overrides
+                what += " (the schedule file with --warmup-steps and --full-update-every applied)"
             raise MismatchError(
-                f"checkpoint {ckpt.path} was written with another {key.replace('_', ' ')} "
-                f"({_short(got)} there, {_short(want)} now); resume with the same job and schedule, "
-                "or train into a fresh --out-dir"
+                f"checkpoint {ckpt.path} was written with another {what} ({_short(got)} there, "
+                f"{_short(want)} now); resume with the same job, schedule and options, or train "
+                "into a fresh --out-dir"
             )
 
 

@@ -21,6 +21,7 @@ from freezeopt.errors import FreezeoptError, InputError
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
+    "invalid_file",
     "load_json_file",
     "load_yaml_file",
     "read_text_file",
@@ -97,6 +98,18 @@ def _fd1_to(fd: int) -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, out_fd)
         os.close(saved)
+
+
+def invalid_file(source: str, what: str, error: Any, *, fields: str) -> InputError:
+    """One line for pydantic's first complaint about a decoded file (`error`, a ValidationError):
+    where in the file and what is wrong; a key it does not know says so and where `fields` are
+    listed (pydantic's own words, "Unexpected keyword argument", say neither)."""
+    err = error.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"]
+    if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+        msg = f"unknown key (the fields are in {fields})"
+    return InputError(f"{source}: invalid {what} at {where}: {msg}")
 
 
 def read_text_file(path: Path, *, what: str, limit: int, missing_hint: str) -> str:

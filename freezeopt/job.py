@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from freezeopt.errors import InputError
-from freezeopt.fileio import load_yaml_file
+from freezeopt.fileio import invalid_file, load_yaml_file
 
 if TYPE_CHECKING:
     import torch
@@ -185,14 +185,7 @@ def parse_job(data: Any, *, source: str = "job", base_dir: Path | None = None) -
     try:
         job = _ADAPTER.validate_python(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        hint = (
-            " (unknown key; see docs/profiling.md for the fields)"
-            if err["type"] == "extra_forbidden"
-            else ""
-        )
-        raise InputError(f"{source}: invalid job spec at {where}: {err['msg']}{hint}") from None
+        raise invalid_file(source, "job spec", e, fields="docs/profiling.md") from None
     if job.is_csv and base_dir is not None and not Path(job.schedule).is_absolute():
         job = replace(job, schedule=str((base_dir / job.schedule).resolve()))
     _check(job, source)

@@ -395,9 +395,10 @@ def parse_profile(data: Any, *, source: str = "profile") -> Profile:
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise InputError(f"{source}: invalid profile at {where}: {err['msg']}") from None
+        from freezeopt.fileio import invalid_file
+
+        fields = "`freezeopt schema profile` and docs/profile.md"
+        raise invalid_file(source, "profile", e, fields=fields) from None
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -22,7 +22,7 @@ from freezeopt import __version__
 from freezeopt.actions import Action
 from freezeopt.dag import PipelineDag
 from freezeopt.errors import InputError, MismatchError
-from freezeopt.fileio import atomic_write_text, load_yaml_file
+from freezeopt.fileio import atomic_write_text, invalid_file, load_yaml_file
 from freezeopt.profile_file import MAX_MICROBATCHES, MAX_RANKS, Profile
 from freezeopt.solve import SolveOptions, SolveResult
 
@@ -214,7 +214,9 @@ def parse_microbatches(text: str | int, n_microbatches: int) -> tuple[int, ...]:
         if not lo_s.strip().isdigit() or (sep and not hi_s.strip().isdigit()):
             raise ValueError(f"{part!r} is not a microbatch or range like 3 or 0-2")
         lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
-        if lo > hi or hi >= n_microbatches:
+        if lo > hi:
+            raise ValueError(f"{part!r} runs backwards; write it low-high ({hi}-{lo})")
+        if hi >= n_microbatches:
             raise ValueError(f"{part!r} is outside microbatches 0..{n_microbatches - 1}")
         if out & set(range(lo, hi + 1)):
             raise ValueError(f"microbatch list {text!r} repeats a microbatch")
@@ -379,13 +381,18 @@ def parse_schedule(data: Any, *, source: str = "schedule") -> Schedule:
     try:
         sched = _ADAPTER.validate_python(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise InputError(f"{source}: invalid schedule at {where}: {err['msg']}") from None
+        fields = "`freezeopt schema schedule` and docs/schedule.md"
+        raise invalid_file(source, "schedule", e, fields=fields) from None
     pipe = sched.pipeline
     if len(pipe.stage_to_rank) != pipe.n_stages or len(pipe.groups) != pipe.n_stages:
         raise InputError(
             f"{source}: pipeline lists {len(pipe.stage_to_rank)} ranks and {len(pipe.groups)} group lists for {pipe.n_stages} stages"
+        )
+    off = [r for r in pipe.stage_to_rank if r >= pipe.world_size]
+    if off:
+        raise InputError(
+            f"{source}: pipeline.stage_to_rank names rank {off[0]}, but world_size is "
+            f"{pipe.world_size} (ranks 0..{pipe.world_size - 1})"
         )
     for section, stages in (("frozen", set(sched.frozen)), ("ratios", set(sched.ratios))):
         for s in sorted(stages):

@@ -58,7 +58,7 @@ def test_defaults_and_derived_fields() -> None:
 @pytest.mark.parametrize(
     ("data", "needle"),
     [
-        ({"name": "x", "shedule": "1F1B"}, "shedule"),
+        ({"name": "x", "shedule": "1F1B"}, "at shedule: unknown key (the fields are in docs/"),
         ({"name": "x", "schedule": "2F2B"}, "unknown schedule '2F2B'"),
         ({"name": "x", "batch_size": 10, "microbatches": 4}, "not a multiple of microbatches"),
         ({"name": "x", "model": "no colon here"}, "package.module:function"),

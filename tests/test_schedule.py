@@ -54,9 +54,20 @@ def test_microbatch_ranges(mbs: list[int], text: str) -> None:
         assert parse_microbatches(text, 8) == tuple(sorted(mbs))
 
 
-@pytest.mark.parametrize("bad", ["0-9", "3-1", "a", "1,,2", "0-2,1", "-1", "8"])
-def test_bad_microbatch_lists(bad: str) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ("0-9", "outside microbatches 0..7"),
+        ("3-1", r"runs backwards; write it low-high \(1-3\)"),
+        ("a", "not a microbatch"),
+        ("1,,2", "empty entry"),
+        ("0-2,1", "repeats"),
+        ("-1", "not a microbatch"),
+        ("8", "outside"),
+    ],
+)
+def test_bad_microbatch_lists(bad: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
         parse_microbatches(bad, 8)
 
 
@@ -100,12 +111,18 @@ def _valid_data():
     ("mutate", "msg"),
     [
         (lambda d: d.update(schema_version=2), "schema_version 2 is not supported"),
-        (lambda d: d.update(surprise=1), "invalid schedule at surprise"),
+        (lambda d: d.update(surprise=1), "invalid schedule at surprise: unknown key"),
         (lambda d: d["provenance"].update(budget=3), "provenance.budget"),
         (lambda d: d["frozen"].update({0: {"nope": "0"}}), "has no group 'nope'"),
         (lambda d: d["frozen"].update({0: {"s0.g0": "0-9"}}), "outside microbatches"),
         (lambda d: d["frozen"].update({7: {"s0.g0": "0"}}), "names stage 7"),
         (lambda d: d["pipeline"].update(stage_to_rank=[0]), "ranks and"),
+        (
+            lambda d: d["pipeline"].update(
+                stage_to_rank=[0] * (len(d["pipeline"]["groups"]) - 1) + [9]
+            ),
+            r"stage_to_rank names rank 9, but world_size is",
+        ),
         (lambda d: d["phases"].update(warmup_steps=-1), "phases.warmup_steps"),
     ],
 )

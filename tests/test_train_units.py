@@ -74,6 +74,9 @@ def test_checkpoints_are_complete_only_with_meta_and_pruned(tmp_path: Path) -> N
     ckpt.check_meta(last, {"job": {"lr": 0.1}})
     with pytest.raises(MismatchError, match="another job"):
         ckpt.check_meta(last, {"job": {"lr": 0.2}})
+    # the schedule's hash covers the phase overrides, which a resume without them changes
+    with pytest.raises(MismatchError, match=r"another schedule sha256 \(the schedule file with "):
+        ckpt.check_meta(last, {"schedule_sha256": "abc"})
     with pytest.raises(InputError, match="no state for rank 3"):
         ckpt.load_rank_state(last.path, 3)
 
