@@ -144,15 +144,42 @@ def load_json_file(path: Path, *, what: str, limit: int, missing_hint: str) -> A
 
 
 def load_yaml_file(path: Path, *, what: str, limit: int, missing_hint: str) -> Any:
-    """Read and decode a YAML file safely: plain data only, tags are never constructed."""
+    """Read and decode a YAML file safely: plain data only, tags are never constructed, and a key
+    given twice in one mapping is an error (YAML itself keeps the last silently)."""
     text = read_text_file(path, what=what, limit=limit, missing_hint=missing_hint)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no tags constructed
     except RecursionError:
         raise InputError(f"{path}: YAML nested too deeply") from None
     except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None)
+        if mark is not None and problem:
+            raise InputError(
+                f"{path}: not valid YAML at line {mark.line + 1}, column {mark.column + 1}: "
+                f"{problem}"
+            ) from None
         first = str(e).splitlines()[0] if str(e) else "parse error"
         raise InputError(f"{path}: not valid YAML ({first})") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (a hand edit that adds
+    `warmup_steps:` below the one already there would otherwise win silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice; keep one", key_node.start_mark
+                    )
+                seen.add(key)
+            except TypeError:  # an unhashable key: the safe loader says so itself
+                pass
+        return super().construct_mapping(node, deep=deep)
 
 
 def _reject_constant(name: str) -> float:

@@ -148,6 +148,23 @@ def test_yaml_tags_are_never_executed(tmp_path: Path) -> None:
     assert not (tmp_path / "pwned").exists()
 
 
+def test_a_key_given_twice_or_a_tab_is_refused_with_its_line(tmp_path: Path) -> None:
+    """YAML keeps the last of two equal keys silently; a hand edit that adds a second
+    `warmup_steps:` must not win unnoticed."""
+    text = dump_schedule(_schedule(make_profile(), mode="heuristic", budget=0.2)[2])
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("warmup_steps:"))
+    f = tmp_path / "twice.yaml"
+    f.write_text("\n".join([*lines[: at + 1], lines[at].replace(": ", ": 7 #"), *lines[at + 1 :]]))
+    with pytest.raises(
+        InputError, match=rf"line {at + 2}, column \d+: key 'warmup_steps' is given twice"
+    ):
+        load_schedule(f)
+    f.write_text(text.replace("\n  ", "\n\t", 1))
+    with pytest.raises(InputError, match=r"not valid YAML at line \d+, column 1: found character"):
+        load_schedule(f)
+
+
 def test_missing_and_garbage_files(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not found"):
         load_schedule(tmp_path / "none.yaml")
