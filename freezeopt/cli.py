@@ -66,7 +66,7 @@ def _friendly(fn: F) -> F:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
+            typer.echo("error: interrupted (Ctrl-C)", err=True)
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
@@ -651,6 +651,6 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(f"error: {message()}{see}", err=True)
         sys.exit(exit_code)
     except typer.Abort:
-        typer.echo("interrupted", err=True)
+        typer.echo("error: interrupted (Ctrl-C)", err=True)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)

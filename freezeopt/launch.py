@@ -304,7 +304,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 @contextlib.contextmanager
-def _stop_on_signals(outcome: str) -> Iterator[None]:
+def _stop_on_signals(outcome: Callable[[], str]) -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into `StoppedError` while ranks run, so the rank processes are
     stopped (the `finally` in `_launch_local`) before this process exits; the default handlers
     would end it on the spot and leave the ranks running."""
@@ -315,7 +315,7 @@ def _stop_on_signals(outcome: str) -> Iterator[None]:
     def stop(signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
         raise errors.StoppedError(
-            f"stopped by {name}; every rank was stopped and {outcome}", signum=signum
+            f"stopped by {name}; every rank was stopped and {outcome()}", signum=signum
         )
 
     old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -350,14 +350,15 @@ def run_ranks(
     total_units: float,
     progress: bool,
     verb: str,
-    outcome: str,
+    outcome: str | Callable[[], str],
     log_prefix: str,
 ) -> list[R]:
     """Run `target` on every rank of `job`; return the ranks' results in rank order.
 
     `target` must be picklable (a module-level function or a `functools.partial` of one). It
     reports progress through `ctx.beat`; `total_units` sizes the progress bar (`verb` names it,
-    e.g. "profiling"). `outcome` ends a failure message (e.g. "no profile was written").
+    e.g. "profiling"). `outcome` ends a failure message (e.g. "no profile was written"; a function
+    to say it as things stand when the failure comes).
     Raises `RankFailedError` on a crash, hang or timeout, or the user error a rank raised.
     """
     if in_torchrun():
@@ -368,7 +369,7 @@ def run_ranks(
         total_units=total_units,
         progress=progress,
         verb=verb,
-        outcome=outcome,
+        outcome=outcome if callable(outcome) else lambda: outcome,
         log_prefix=log_prefix,
     )
 
@@ -386,7 +387,7 @@ def _launch_local(
     total_units: float,
     progress: bool,
     verb: str,
-    outcome: str,
+    outcome: Callable[[], str],
     log_prefix: str,
 ) -> list[R]:
     import torch.multiprocessing as mp
@@ -432,6 +433,10 @@ def _launch_local(
         if not isinstance(e, RankFailedError):
             keep_logs = False
         raise
+    except KeyboardInterrupt:  # Ctrl-C: said as SIGTERM's stop is (exit 130)
+        raise errors.StoppedError(
+            f"interrupted (Ctrl-C); every rank was stopped and {outcome()}", signum=signal.SIGINT
+        ) from None
     finally:
         started = [p for p in procs if p.pid is not None]
         for p in started:
@@ -484,7 +489,7 @@ def _supervise(
     beat_arr: Any,
     logdir: Path,
     update: Callable[[float, str], None],
-    outcome: str,
+    outcome: Callable[[], str],
 ) -> list[Any]:
     """Collect results; on a crash or hang raise one clear error naming the rank (module docstring)."""
     world = len(procs)
@@ -542,7 +547,7 @@ def _supervise(
             slow = min(live, key=lambda r: views[r].units)
             raise RankFailedError(
                 f"the run took longer than timeout_s={job.timeout_s:g} s (slowest: rank {slow} in {views[slow].phase}); "
-                f"every rank was stopped and {outcome} (rank logs: {logdir})",
+                f"every rank was stopped and {outcome()} (rank logs: {logdir})",
                 rank=slow,
                 cause="timeout",
             )
@@ -559,7 +564,7 @@ def _hang_limit(job: Job, view: _BeatView) -> float:
     return job.hang_timeout_s
 
 
-def _failure(errs: dict[int, _Err], logdir: Path, outcome: str) -> FreezeoptError:
+def _failure(errs: dict[int, _Err], logdir: Path, outcome: Callable[[], str]) -> FreezeoptError:
     """The root cause among the ranks' errors: a non-connection error first, then the earliest."""
     ranked = sorted(
         errs.items(), key=lambda kv: (any(w in kv[1][3] for w in _CONN_WORDS), kv[1][0])
@@ -572,7 +577,7 @@ def _failure(errs: dict[int, _Err], logdir: Path, outcome: str) -> FreezeoptErro
         return cls(f"rank {r}: {text.split(': ', 1)[-1]}")
     where = f"step {step} ({phase})" if step >= 0 else phase
     return RankFailedError(
-        f"rank {r} failed in {where}: {text}; every rank was stopped and {outcome} "
+        f"rank {r} failed in {where}: {text}; every rank was stopped and {outcome()} "
         f"(rank log: {logdir / f'rank{r}.log'})",
         rank=r,
         cause=text,
@@ -585,7 +590,7 @@ def _hang(
     suspects: list[int],
     live: list[int],
     logdir: Path,
-    outcome: str,
+    outcome: Callable[[], str],
 ) -> RankFailedError:
     r = min(suspects, key=lambda k: (not views[k].computing, views[k].ts))
     v = views[r]
@@ -600,7 +605,7 @@ def _hang(
         tail = f"; ranks {', '.join(map(str, others))} were waiting"
     return RankFailedError(
         f"rank {r} hung {doing}: no progress for {job.hang_timeout_s:g} s{tail}; every rank was stopped and "
-        f"{outcome} (raise hang_timeout_s if actions really take that long; rank log: {logdir / f'rank{r}.log'})",
+        f"{outcome()} (raise hang_timeout_s if actions really take that long; rank log: {logdir / f'rank{r}.log'})",
         rank=r,
         cause="hang",
     )

@@ -298,7 +298,7 @@ def train_job(
         total_units=steps - start + 2,
         progress=progress,
         verb="training",
-        outcome="the run can continue from its last checkpoint with --resume",
+        outcome=functools.partial(_resumable, out / "checkpoints"),
         log_prefix="train",
     )
     if not in_torchrun():
@@ -458,6 +458,13 @@ def _replan_spec(
         mode=m,
         time_limit=time_limit,
     )
+
+
+def _resumable(root: Path) -> str:
+    """How a stopped run goes on, as its checkpoints stand now (the end of a failure message)."""
+    if ckpt.latest_checkpoint(root) is not None:
+        return "the run can continue from its last checkpoint with --resume"
+    return "it had written no checkpoint yet, so run it again without --resume"
 
 
 def _clear_run(out: Path) -> None:

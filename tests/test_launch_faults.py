@@ -95,14 +95,23 @@ def _start_profile(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int]]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_sigterm_to_freezeopt_stops_every_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [
+        (signal.SIGTERM, 143, "error: stopped by SIGTERM; every rank was stopped"),
+        (signal.SIGINT, 130, "error: interrupted (Ctrl-C); every rank was stopped"),
+    ],
+)
+def test_a_signal_to_freezeopt_stops_every_rank(
+    tmp_path: Path, sig: signal.Signals, code: int, said: str
+) -> None:
     proc, ranks = _start_profile(tmp_path)
     t0 = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
+    assert proc.returncode == code, err
     lines = err.decode().strip().splitlines()
-    assert lines[-1].startswith("error: stopped by SIGTERM; every rank was stopped"), err
+    assert lines[-1].startswith(said) and lines[-1].endswith("no profile was written"), err
     assert "Traceback" not in err.decode()
     assert not alive(ranks) and time.monotonic() - t0 < 15
     assert not (tmp_path / "p.json").exists()

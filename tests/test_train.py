@@ -216,7 +216,11 @@ def test_crash_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     whole = train_job(job, out_dir=tmp_path / "whole", **kw)
     with pytest.raises(RankFailedError) as e:
         train_job(job, out_dir=tmp_path / "cut", fault="crash:rank=1,step=7", **kw)
-    assert "--resume" in str(e.value) and "\n" not in str(e.value)
+    assert "can continue from its last checkpoint with --resume" in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.raises(RankFailedError) as e:  # before the first checkpoint (entering step 2)
+        train_job(job, out_dir=tmp_path / "early", fault="crash:rank=1,step=1", **kw)
+    assert "no checkpoint yet, so run it again without --resume" in str(e.value)
     shutil.copytree(tmp_path / "cut", tmp_path / "damaged")
     rest = train_job(job, out_dir=tmp_path / "cut", resume=True, **kw)
     # checkpoints are taken entering freezing: after warm-up (2) and after the full window at 5 (6)
