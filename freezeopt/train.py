@@ -358,8 +358,9 @@ def format_train_report(report: TrainReport) -> str:
             f"schedule {r.schedule}: {r.freezing_steps} freezing and {r.full_steps} full-update steps measured"
         )
         err = "" if r.prediction_error is None else f" ({r.prediction_error * 100:+.1f} %)"
+        side = "freezing    " if r.freezing_steps else "(no freezing)"  # then: every measured step
         lines += [
-            f"step time      measured {_ms(r.step_ms)} freezing     predicted {_ms(r.predicted_step_ms)}{err}",
+            f"step time      measured {_ms(r.step_ms)} {side} predicted {_ms(r.predicted_step_ms)}{err}",
             f"no freezing    measured {_ms(r.full_step_ms)} full-update  predicted {_ms(r.predicted_baseline_ms)}",
             f"time saved     measured {_ms(r.saved_ms)} per step    predicted {_ms(r.predicted_saved_ms)}",
             f"speed-up       measured {_x(r.measured_speedup)}             predicted {_x(r.predicted_speedup)}",
@@ -499,9 +500,14 @@ def _assemble(
     freeze_ms, full_ms = _median(freeze), _median(full)
     warnings = [*warnings, *(w for r in results for w in r.warnings)]
     if sched is not None and not freeze:
+        start = r0.start_step
+        left_out = f"the job's first {job.warmup_steps} unmeasured" + (
+            f" after the resume at step {start}" if start else ""
+        )
         warnings.append(
-            f"no freezing step was measured (warm-up {sched.phases.warmup_steps} steps, first {spec.measure_from} "
-            "left out); pass a smaller --warmup-steps or more --steps"
+            f"no freezing step was measured (warm-up {sched.phases.warmup_steps} steps; steps "
+            f"before {spec.measure_from} left out, {left_out}); "
+            + ("train more --steps" if start else "pass a smaller --warmup-steps or more --steps")
         )
     if sched is not None and freeze and not full:
         warnings.append(

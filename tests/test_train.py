@@ -9,6 +9,7 @@ per-action *costs* (thread-CPU time) against the profile, with a tolerance wide 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -31,7 +32,7 @@ from freezeopt.profile import profile_job
 from freezeopt.profile_file import load_profile
 from freezeopt.schedule import Drift, Phases
 from freezeopt.solve import SolveOptions
-from freezeopt.train import TrainReport, train_job
+from freezeopt.train import TrainReport, format_train_report, train_job
 from freezeopt.workflow import simulate_files, solve_file
 
 pytestmark = pytest.mark.slow
@@ -571,6 +572,11 @@ def test_cli_train_json_and_mismatch(tmp_path: Path) -> None:
     assert data["predicted_step_ms"] == 9.0 and data["fallbacks"] == 0
     assert data["freezing_steps"] == 3 and data["full_steps"] == 1
     assert json.loads((out / "report.json").read_text()) == data
+    # a run that measured no freezing step (e.g. a short resume): its step time is every
+    # measured step's, and the report does not call it the freezing one
+    text = format_train_report(dataclasses.replace(TrainReport(**data), freezing_steps=0))
+    assert "step time      measured" in text and " (no freezing) predicted" in text
+    assert "freezing     predicted" in format_train_report(TrainReport(**data))
     other = write_schedule(tmp_path / "o.yaml", small_job(microbatches=8, batch_size=16), {})
     r = CliRunner().invoke(app, ["train", str(spec), "--schedule", str(other), "--steps", "3"])
     assert r.exit_code == 4 and r.stderr.startswith("error: schedule") and r.stderr.count("\n") == 1
