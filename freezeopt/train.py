@@ -386,7 +386,9 @@ def format_train_report(report: TrainReport) -> str:
         elif e["event"] == "replan_failed":
             lines.append(f"  step {e['step']}: replan_failed ({e['error']})")
         elif e["event"] in ("drift", "rollback", "rollback_skipped"):
-            detail = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("event", "step"))
+            detail = ", ".join(
+                f"{k} {_said(v)}" for k, v in e.items() if k not in ("event", "step")
+            )
             lines.append(f"  step {e['step']}: {e['event']} ({detail})")
     lines += [f"warning: {w}" for w in r.warnings]
     replans = any(e["event"] in ("replan", "replan_rejected") for e in r.events)
@@ -634,6 +636,15 @@ def _timeline(results: Sequence[RankTrainResult], cls: str) -> dict[str, Any] | 
             )
     entries.sort(key=lambda e: (e["start_ms"], e["rank"], e["action"]))
     return {"step": step, "step_ms": per_rank[0][step][0], "timeline": entries}
+
+
+def _said(v: Any) -> str:
+    """An event's value for people: floats to 4 significant digits, lists without brackets."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return "+".join(_said(x) for x in v)
+    return str(v)
 
 
 def _short(v: Any) -> str:

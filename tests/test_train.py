@@ -577,6 +577,9 @@ def test_cli_train_json_and_mismatch(tmp_path: Path) -> None:
     text = format_train_report(dataclasses.replace(TrainReport(**data), freezing_steps=0))
     assert "step time      measured" in text and " (no freezing) predicted" in text
     assert "freezing     predicted" in format_train_report(TrainReport(**data))
+    drift = {"step": 4, "event": "drift", "rules": ["loss_rise"], "loss": 3.227320075035095}
+    text = format_train_report(TrainReport(**{**data, "events": [drift]}))
+    assert "  step 4: drift (rules loss_rise, loss 3.227)" in text
     other = write_schedule(tmp_path / "o.yaml", small_job(microbatches=8, batch_size=16), {})
     r = CliRunner().invoke(app, ["train", str(spec), "--schedule", str(other), "--steps", "3"])
     assert r.exit_code == 4 and r.stderr.startswith("error: schedule") and r.stderr.count("\n") == 1
