@@ -6,6 +6,7 @@ profile and leave no process behind. (Crashing and hanging ranks: tests/test_pro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -82,6 +83,9 @@ def _start_profile(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int]]:
         [sys.executable, "-m", "freezeopt", "profile", str(spec), "-o", str(tmp_path / "p.json")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # a shell starts background jobs with SIGINT ignored, and Python then keeps it ignored (no
+        # KeyboardInterrupt): CI run in the background would not test Ctrl-C at all
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     ranks: set[int] = set()
@@ -108,7 +112,14 @@ def test_a_signal_to_freezeopt_stops_every_rank(
     proc, ranks = _start_profile(tmp_path)
     t0 = time.monotonic()
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:  # never leave a profiling job behind to slow the tests after this one
+        if proc.poll() is None:
+            proc.kill()
+            for r in ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(r, signal.SIGKILL)
     assert proc.returncode == code, err
     lines = err.decode().strip().splitlines()
     assert lines[-1].startswith(said) and lines[-1].endswith("no profile was written"), err
