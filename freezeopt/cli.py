@@ -55,6 +55,10 @@ def _overrides(**given: Any) -> dict[str, Any] | None:
     return out or None
 
 
+INTERRUPTED = "error: interrupted (Ctrl-C)"
+"""What Ctrl-C outside a run of ranks prints (`freezeopt.launch` adds that every rank stopped)."""
+
+
 def _friendly(fn: F) -> F:
     """Turn FreezeoptError into one stderr line and its exit code."""
 
@@ -66,7 +70,7 @@ def _friendly(fn: F) -> F:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
-            typer.echo("error: interrupted (Ctrl-C)", err=True)
+            typer.echo(INTERRUPTED, err=True)
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
@@ -651,6 +655,6 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(f"error: {message()}{see}", err=True)
         sys.exit(exit_code)
     except typer.Abort:
-        typer.echo("error: interrupted (Ctrl-C)", err=True)
+        typer.echo(INTERRUPTED, err=True)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)

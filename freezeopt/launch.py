@@ -350,15 +350,15 @@ def run_ranks(
     total_units: float,
     progress: bool,
     verb: str,
-    outcome: str | Callable[[], str],
+    outcome: Callable[[], str],
     log_prefix: str,
 ) -> list[R]:
     """Run `target` on every rank of `job`; return the ranks' results in rank order.
 
     `target` must be picklable (a module-level function or a `functools.partial` of one). It
     reports progress through `ctx.beat`; `total_units` sizes the progress bar (`verb` names it,
-    e.g. "profiling"). `outcome` ends a failure message (e.g. "no profile was written"; a function
-    to say it as things stand when the failure comes).
+    e.g. "profiling"). `outcome()` ends a failure message (e.g. "no profile was written"), said
+    as things stand when the failure comes.
     Raises `RankFailedError` on a crash, hang or timeout, or the user error a rank raised.
     """
     if in_torchrun():
@@ -369,7 +369,7 @@ def run_ranks(
         total_units=total_units,
         progress=progress,
         verb=verb,
-        outcome=outcome if callable(outcome) else lambda: outcome,
+        outcome=outcome,
         log_prefix=log_prefix,
     )
 

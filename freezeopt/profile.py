@@ -167,7 +167,7 @@ def profile_job(
         total_units=job.warmup_steps + job.measure_steps + 4,
         progress=progress,
         verb="profiling",
-        outcome="no profile was written",
+        outcome=lambda: "no profile was written",
         log_prefix="profile",
     )
     if not in_torchrun():

@@ -639,7 +639,7 @@ def _timeline(results: Sequence[RankTrainResult], cls: str) -> dict[str, Any] | 
 
 
 def _said(v: Any) -> str:
-    """An event's value for people: floats to 4 significant digits, lists without brackets."""
+    """An event's value for people: floats to 4 significant digits, lists joined by `+`."""
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, (list, tuple)):
