@@ -77,6 +77,22 @@ def test_solve_is_deterministic(tmp_path: Path, profile: Path) -> None:
     assert a.read_bytes() == b.read_bytes()
 
 
+def test_the_committed_schedule_is_what_solve_writes(tmp_path: Path) -> None:
+    """schedules/tiny-gpt-1f1b.yaml is README's `solve` of the committed profile, byte for byte:
+    a change to the solver or the file format that moves it shows here. If the change is meant,
+    write it again with README's command (`freezeopt solve profiles/tiny-gpt-1f1b.json --budget
+    0.1 -o schedules/tiny-gpt-1f1b.yaml`) and commit it with the change."""
+    root = Path(__file__).parent.parent
+    committed = root / "schedules" / "tiny-gpt-1f1b.yaml"
+    profile = root / "profiles" / "tiny-gpt-1f1b.json"
+    out = tmp_path / "s.yaml"
+    r = run("solve", profile, "--budget", "0.1", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert out.read_text() == committed.read_text()
+    r = run("validate", committed, "--profile", profile)
+    assert r.exit_code == 0 and r.stdout.startswith("ok:"), r.output
+
+
 @pytest.mark.parametrize("mode", ["lp", "heuristic"])
 @pytest.mark.parametrize("solver", ["cbc", "highs"])
 def test_modes_and_solvers(profile: Path, mode: str, solver: str) -> None:
