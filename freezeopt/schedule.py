@@ -157,13 +157,18 @@ class Prediction:
     all_frozen_ms: NonNeg
     """Every freezable group frozen everywhere: the floor."""
     lp_bound_ms: NonNeg
-    """LP relaxation bound under the same budget and caps."""
+    """A lower bound on every plan's step time under the same budget and caps: the LP
+    relaxation's optimum, or, where `bound_from_lp` is false, a bound of the solve's own at or
+    below it (the heuristic's past the LP's reach; the all-frozen floor for baseline policies)."""
     predicted_ms: NonNeg
     """This schedule."""
     gap: Share
     """(predicted − LP bound) / predicted."""
     signal_dropped: Share
     """Share of one step's expected progress this schedule drops."""
+    bound_from_lp: bool | None = None
+    """Whether `lp_bound_ms` is the LP relaxation's optimum (absent in files written before
+    freezeopt recorded it: unknown)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,6 +282,7 @@ def schedule_from_result(
             predicted_ms=result.predicted_ms,
             gap=min(1.0, max(0.0, result.gap)),
             signal_dropped=min(1.0, max(0.0, result.signal_dropped)),
+            bound_from_lp=result.bound_from_lp,
         ),
         frozen={
             s: {
@@ -331,6 +337,8 @@ def dump_schedule(schedule: Schedule) -> str:
     data = _round(asdict(schedule))
     if not data["ratios"]:
         del data["ratios"]
+    if data["prediction"]["bound_from_lp"] is None:  # an older file read back: left unsaid
+        del data["prediction"]["bound_from_lp"]
     header = (
         "# freezeopt schedule: which parameter groups to freeze in which microbatches.\n"
         "# Made by `freezeopt solve`; check it with `freezeopt validate`. Format: docs/schedule.md\n"

@@ -82,6 +82,34 @@ def test_byte_identical_and_round_trips(tmp_path: Path) -> None:
     assert dump_schedule(again) == texts[0]
 
 
+def test_the_file_says_whether_its_bound_is_the_lps() -> None:
+    """`prediction.bound_from_lp` follows the solve (false where the bound was its own, as past
+    the LP's reach); a file without it (written before it was recorded) loads as unknown and is
+    written back without it."""
+    import dataclasses
+
+    p = make_profile(ranks=2, microbatches=4)
+    dag, r, sched = _schedule(p, mode="milp", budget=0.2)
+    assert r.bound_from_lp and "\n  bound_from_lp: true\n" in dump_schedule(sched)
+    own = dataclasses.replace(r, bound_from_lp=False)
+    text = dump_schedule(
+        schedule_from_result(
+            own,
+            profile=p,
+            profile_sha256=profile_sha256(p),
+            dag=dag,
+            opts=SolveOptions(),
+            phases=Phases(),
+        )
+    )
+    assert parse_schedule(yaml.safe_load(text)).prediction.bound_from_lp is False
+    old = text.replace("  bound_from_lp: false\n", "")
+    assert old != text
+    back = parse_schedule(yaml.safe_load(old))
+    assert back.prediction.bound_from_lp is None
+    assert dump_schedule(back) == old
+
+
 def test_plan_reproduces_the_prediction() -> None:
     from freezeopt.simulate import simulate
 
