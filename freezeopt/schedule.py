@@ -159,7 +159,8 @@ class Prediction:
     lp_bound_ms: NonNeg
     """A lower bound on every plan's step time under the same budget and caps: the LP
     relaxation's optimum, or, where `bound_from_lp` is false, a bound of the solve's own at or
-    below it (the heuristic's past the LP's reach; the all-frozen floor for baseline policies)."""
+    below it (the heuristic's past the LP's reach; the all-frozen floor for the `none`, `uniform`
+    and `stability` policies). `compare`'s `timelyfreeze` policies record TimelyFreeze's own LP."""
     predicted_ms: NonNeg
     """This schedule."""
     gap: Share

@@ -81,7 +81,8 @@ def test_the_committed_schedule_is_what_solve_writes(tmp_path: Path) -> None:
     """schedules/tiny-gpt-1f1b.yaml is README's `solve` of the committed profile, byte for byte:
     a change to the solver or the file format that moves it shows here. If the change is meant,
     write it again with README's command (`freezeopt solve profiles/tiny-gpt-1f1b.json --budget
-    0.1 -o schedules/tiny-gpt-1f1b.yaml`) and commit it with the change."""
+    0.1 -o schedules/tiny-gpt-1f1b.yaml`) and commit it with the change (a version bump changes
+    it too: the file records freezeopt's version)."""
     root = Path(__file__).parent.parent
     committed = root / "schedules" / "tiny-gpt-1f1b.yaml"
     profile = root / "profiles" / "tiny-gpt-1f1b.json"
@@ -124,8 +125,10 @@ def test_human_output_without_the_lp_names_its_bound(
     assert not re.search(r"^LP bound", r.stdout, re.M) and "of the bound gain" in r.stdout
     assert "note: --write-model: nothing written (the answer came without the LP)" in r.stdout
     assert not model.exists()
-    r = run("solve", profile, "--mode", "heuristic", "--solver", "highs", "--json")
+    sched = tmp_path / "s.yaml"
+    r = run("solve", profile, "--mode", "heuristic", "--solver", "highs", "--json", "-o", sched)
     assert json.loads(r.stdout)["bound_from_lp"] is False
+    assert "\n  bound_from_lp: false\n" in sched.read_text()  # and the schedule file says so
 
 
 def test_a_milp_that_keeps_its_start_still_has_the_lp_bound(
