@@ -30,17 +30,18 @@ def _schedule(profile, **kw):
     opts = SolveOptions(**kw)
     dag = build_dag(profile)
     r = solve(dag, estimate_signal(profile, opts.sensitivity), opts)
-    return (
-        dag,
+    return dag, r, _file_of(r, profile, dag, opts)
+
+
+def _file_of(r, profile, dag, opts):
+    """The schedule `solve` writes for result `r`."""
+    return schedule_from_result(
         r,
-        schedule_from_result(
-            r,
-            profile=profile,
-            profile_sha256=profile_sha256(profile),
-            dag=dag,
-            opts=opts,
-            phases=Phases(),
-        ),
+        profile=profile,
+        profile_sha256=profile_sha256(profile),
+        dag=dag,
+        opts=opts,
+        phases=Phases(),
     )
 
 
@@ -92,16 +93,7 @@ def test_the_file_says_whether_its_bound_is_the_lps() -> None:
     dag, r, sched = _schedule(p, mode="milp", budget=0.2)
     assert r.bound_from_lp and "\n  bound_from_lp: true\n" in dump_schedule(sched)
     own = dataclasses.replace(r, bound_from_lp=False)
-    text = dump_schedule(
-        schedule_from_result(
-            own,
-            profile=p,
-            profile_sha256=profile_sha256(p),
-            dag=dag,
-            opts=SolveOptions(),
-            phases=Phases(),
-        )
-    )
+    text = dump_schedule(_file_of(own, p, dag, SolveOptions(mode="milp", budget=0.2)))
     assert parse_schedule(yaml.safe_load(text)).prediction.bound_from_lp is False
     old = text.replace("  bound_from_lp: false\n", "")
     assert old != text
