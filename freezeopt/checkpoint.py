@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from freezeopt.errors import FreezeoptError, InputError, MismatchError
-from freezeopt.fileio import atomic_write_text
+from freezeopt.fileio import atomic_write_text, give_usual_mode
 
 __all__ = [
     "Checkpoint",
@@ -80,6 +80,7 @@ def save_rank_state(root: Path, step: int, rank: int, state: dict[str, Any]) -> 
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        give_usual_mode(tmp, target)
         os.replace(tmp, target)
     except OSError as e:
         with contextlib.suppress(OSError):

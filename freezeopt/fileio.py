@@ -21,6 +21,7 @@ from freezeopt.errors import FreezeoptError, InputError
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
+    "give_usual_mode",
     "invalid_file",
     "load_json_file",
     "load_yaml_file",
@@ -43,6 +44,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        give_usual_mode(tmp, path)
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):
@@ -50,6 +52,32 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise FreezeoptError(
             f"cannot write {path}: {e.strerror or e}; the previous file is unchanged"
         ) from None
+
+
+def give_usual_mode(tmp: str | Path, path: Path) -> None:
+    """Give a temporary file (`tempfile.mkstemp` makes it 0600) the mode `path` should end with:
+    the mode of the file it replaces, or what `open` would create under the process's umask, so
+    a schedule written on a shared machine is as readable as any other file there."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError:
+        mode = 0o666 & ~_umask()
+    os.chmod(tmp, mode)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (`os.umask` sets it, and
+    threads writing files meanwhile would get the value it is briefly set to)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,9 @@ def test_checkpoints_are_complete_only_with_meta_and_pruned(tmp_path: Path) -> N
     assert last is not None and last.step == 9 and last.meta["job"] == {"lr": 0.1}
     assert torch.equal(ckpt.load_rank_state(last.path, 1)["w"], torch.full((2,), 9))
     assert not list(last.path.glob("*.tmp"))  # written through a temporary file and a rename
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (last.path / "rank0.pt").stat().st_mode & 0o777 == 0o666 & ~umask, "not mkstemp's 0600"
     removed = ckpt.prune_checkpoints(root, keep=2)
     assert [p.name for p in removed] == ["step-00000002"]
     assert sorted(p.name for p in root.iterdir()) == [
