@@ -6,9 +6,12 @@ line on stderr and exits with the code in `freezeopt.errors.EXIT_CODES`, never a
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import gc
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -633,6 +636,10 @@ to free, and the default collector walked them again and again: `freezeopt solve
 (medians of five; in-process, loading 0.38 → 0.27 s, the DAG 1.39 → 1.10 s)."""
 
 
+_OUTPUT_ERRORS = {errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG}
+"""Errors of writing stdout that are the user's to fix, not freezeopt's."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the process's edge, so where its collector thresholds are set
     (`freezeopt.solve.solve` also pauses the collector while it runs) and where a usage error
@@ -641,6 +648,15 @@ def main(argv: list[str] | None = None) -> None:
     gc.set_threshold(*GC_THRESHOLD)
     try:
         code = app(args=argv, prog_name="freezeopt", standalone_mode=False)
+        sys.stdout.flush()
+    except OSError as e:
+        if e.errno not in _OUTPUT_ERRORS or e.filename is not None:
+            raise
+        # stdout is full, gone or closed (`> /dev/full`, a closed pipe): one line, as for files
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        typer.echo(f"error: cannot write the output: {e.strerror or e}", err=True)
+        sys.exit(1)
     except Exception as e:
         # click's own errors (vendored by typer, so matched by shape, not by class).
         message = getattr(e, "format_message", None)

@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from freezeopt.errors import FreezeoptError, InputError
-from freezeopt.fileio import atomic_write_bytes, atomic_write_text
+from freezeopt.fileio import atomic_write_bytes, atomic_write_text, check_output_folder
 from freezeopt.job import Job, open_job
 from freezeopt.policies import BUDGETED, MATCH_TOLERANCE, POLICIES, Policy, policy_schedule
 from freezeopt.profile_file import load_profile
-from freezeopt.schedule import Drift, Phases, save_schedule
+from freezeopt.schedule import Drift, Phases, check_phase_flags, save_schedule
 
 __all__ = [
     "GANTT_POLICIES",
@@ -186,6 +186,7 @@ def compare_job(
     from freezeopt.train import train_job
 
     _check(opts)
+    check_output_folder(Path(out_dir), "-o")
     job_obj = open_job(job)
     if job_obj.val_batches < 1:
         raise InputError(
@@ -363,6 +364,7 @@ def _check(opts: CompareOptions) -> None:
         )
     if len(set(opts.policies)) != len(opts.policies):
         raise InputError("--policies names a policy twice; name each once")
+    check_phase_flags(opts.warmup_steps, None)
     if opts.steps <= opts.warmup_steps + 5:
         raise InputError(f"--steps must exceed the warm-up ({opts.warmup_steps}) by more than 5")
     if opts.repeats < 1:

@@ -21,6 +21,8 @@ from freezeopt.errors import FreezeoptError, InputError
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_output_file",
+    "check_output_folder",
     "give_usual_mode",
     "invalid_file",
     "load_json_file",
@@ -34,11 +36,14 @@ __all__ = [
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and a rename."""
     path = Path(path)
+    if path.is_dir():
+        raise FreezeoptError(f"cannot write {path}: it is a folder; name a file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise FreezeoptError(f"cannot write {path}: {e.strerror or e}") from None
+    existed = path.exists()
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -49,9 +54,38 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except OSError as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise FreezeoptError(
-            f"cannot write {path}: {e.strerror or e}; the previous file is unchanged"
-        ) from None
+        kept = "; the previous file is unchanged" if existed else ""
+        raise FreezeoptError(f"cannot write {path}: {e.strerror or e}{kept}") from None
+
+
+def check_output_file(path: Path, what: str) -> None:
+    """Fail now, before minutes of profiling or solving, where `path` could not be written then:
+    it names a folder, or no file can be created in its folder. `what` names it for the user
+    (`-o`, `--gantt`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{what} {str(path)!r} is a folder; name a file")
+    _check_folder_writable(path.parent, f"{what} {path}")
+
+
+def check_output_folder(path: Path, what: str) -> None:
+    """Like `check_output_file`, for an output folder (`--out-dir`, `compare -o`)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{what} {path} is a file, not a folder; name a folder")
+    _check_folder_writable(path, f"{what} {path}")
+
+
+def _check_folder_writable(folder: Path, label: str) -> None:
+    """The folder, or the nearest of its parents that exists (the rest will be made), must be a
+    folder this process may create files in."""
+    at = folder
+    while not at.exists() and at != at.parent:
+        at = at.parent
+    if not at.is_dir():
+        raise InputError(f"{label}: {at} is a file, not a folder")
+    if not os.access(at, os.W_OK | os.X_OK):
+        raise InputError(f"{label}: cannot create files in {at} (permission denied)")
 
 
 def give_usual_mode(tmp: str | Path, path: Path) -> None:

@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from freezeopt.errors import InputError
+from freezeopt.fileio import check_output_file
 from freezeopt.job import Job, open_job
 from freezeopt.launch import (
     Fault,
@@ -158,6 +159,7 @@ def profile_job(
     plan = plan_pipeline(job)
     preflight(job, plan, in_torchrun=in_torchrun())
     out = Path(out)
+    check_output_file(out, "-o")
     host = host_info()
     before = cpu_snapshot()
     t_run = time.monotonic()

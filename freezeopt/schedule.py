@@ -33,6 +33,7 @@ __all__ = [
     "Realisation",
     "Schedule",
     "check_fits",
+    "check_phase_flags",
     "dump_schedule",
     "format_microbatches",
     "load_schedule",
@@ -145,6 +146,15 @@ class Phases:
     full_update_steps: Annotated[int, Field(ge=1)] = 1
     """Length of each full-update window in steps."""
     drift: Drift = field(default_factory=Drift)
+
+
+def check_phase_flags(warmup_steps: int | None, full_update_every: int | None) -> None:
+    """The command-line phase options (`--warmup-steps`, `--full-update-every`) a schedule can
+    hold: checked where they are given, so that no command writes a file the loaders reject."""
+    if warmup_steps is not None and warmup_steps < 0:
+        raise InputError("--warmup-steps must not be negative")
+    if full_update_every is not None and full_update_every < 0:
+        raise InputError("--full-update-every must not be negative (0: never)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

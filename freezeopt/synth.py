@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import platform
 import random
 from dataclasses import asdict, dataclass
@@ -237,6 +238,10 @@ def _chi(rng: random.Random, mean: float, dof: int = 64) -> float:
 
 
 def _check(o: SynthOptions) -> None:
+    numbers = ("forward_ms", "backward_ms", "weight_share", "jitter", "noise", "last_stage_factor")
+    for name in (*numbers, "lag_ms"):
+        if not math.isfinite(getattr(o, name)):
+            raise InputError(f"--{name.replace('_', '-')} must be a finite number")
     positive = {
         "ranks": o.ranks,
         "microbatches": o.microbatches,

@@ -54,14 +54,20 @@ from typing import Any
 from freezeopt import checkpoint as ckpt
 from freezeopt.errors import InputError, MismatchError
 from freezeopt.faults import parse_train_faults
-from freezeopt.fileio import atomic_write_text
+from freezeopt.fileio import atomic_write_text, check_output_folder
 from freezeopt.job import Job, open_job
 from freezeopt.launch import cpu_snapshot, host_info, in_torchrun, load_avg, other_cpu, run_ranks
 from freezeopt.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
 from freezeopt.profile_assemble import OTHERS_BUSY
 from freezeopt.profile_file import load_profile, profile_sha256
 from freezeopt.replan import ReplanSpec, check_profile_fits
-from freezeopt.schedule import Schedule, dump_schedule, load_schedule, schedule_sha256
+from freezeopt.schedule import (
+    Schedule,
+    check_phase_flags,
+    dump_schedule,
+    load_schedule,
+    schedule_sha256,
+)
 from freezeopt.solve import MODES, Mode
 from freezeopt.trainer import RankTrainResult, TrainSpec, jsonable, train_rank
 
@@ -238,6 +244,7 @@ def train_job(
         if f.kind == "slow" and not 0 <= f.stage < plan.n_stages:
             raise InputError(f"fault names stage {f.stage}, but the job has {plan.n_stages} stages")
     out = Path(out_dir)
+    check_output_folder(out, "--out-dir")
     meta = {
         "job": {k: v for k, v in job.to_dict().items() if k not in _NOT_TRAINING},
         "schedule_sha256": None if schedule is None else schedule_sha256(dump_schedule(schedule)),
@@ -405,14 +412,11 @@ def format_train_report(report: TrainReport) -> str:
 def _with_phases(
     schedule: Schedule, warmup_steps: int | None, full_update_every: int | None
 ) -> Schedule:
+    check_phase_flags(warmup_steps, full_update_every)
     changes: dict[str, Any] = {}
     if warmup_steps is not None:
-        if warmup_steps < 0:
-            raise InputError("--warmup-steps must not be negative")
         changes["warmup_steps"] = warmup_steps
     if full_update_every is not None:
-        if full_update_every < 0:
-            raise InputError("--full-update-every must not be negative (0: never)")
         changes["full_update_every"] = full_update_every
     if not changes:
         return schedule

@@ -11,6 +11,7 @@ what ran beside what was predicted.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,11 +19,13 @@ from typing import TYPE_CHECKING
 from freezeopt.actions import Action, parse_action
 from freezeopt.dag import PipelineDag, build_dag
 from freezeopt.errors import InputError, MismatchError
+from freezeopt.fileio import check_output_file
 from freezeopt.profile_file import Profile, load_profile, profile_sha256, save_profile
 from freezeopt.schedule import (
     Phases,
     Schedule,
     check_fits,
+    check_phase_flags,
     load_schedule,
     save_schedule,
     schedule_from_result,
@@ -50,6 +53,7 @@ __all__ = [
 
 def synth_file(opts: SynthOptions, out: Path) -> Profile:
     """Synthesise a profile and write it to `out`."""
+    check_output_file(out, "-o")
     profile = synth_profile(opts)
     build_dag(profile)  # refuse to write a profile whose schedule is inconsistent
     save_profile(profile, out)
@@ -60,6 +64,15 @@ def solve_file(
     profile_path: Path, opts: SolveOptions, *, phases: Phases, out: Path | None
 ) -> tuple[SolveResult, Schedule]:
     """Solve a profile; write the schedule to `out` when given."""
+    check_phase_flags(phases.warmup_steps, phases.full_update_every)
+    if out is not None:
+        check_output_file(out, "-o")
+        if Path(out).resolve() == Path(profile_path).resolve():
+            raise InputError(
+                f"-o {out} is the profile being solved; write the schedule to another file"
+            )
+    if opts.write_model is not None:
+        check_output_file(opts.write_model, "--write-model")
     profile = load_profile(profile_path)
     dag = build_dag(profile)
     if opts.mode == "heuristic" or opts.fallback == "heuristic":
@@ -149,6 +162,11 @@ def load_action_log(path: Path, dag: PipelineDag, *, schedule: str) -> tuple[Mea
             for entry in sec["timeline"]:
                 a = parse_action(entry["action"])
                 start[a], end[a] = float(entry["start_ms"]), float(entry["end_ms"])
+                if not 0 <= start[a] <= end[a] < math.inf:
+                    raise ValueError(
+                        f"{a} runs from {entry['start_ms']} to {entry['end_ms']} ms; times are "
+                        "finite, non-negative, and an action ends after it starts"
+                    )
                 frozen[a] = tuple(entry.get("frozen", ()))
             step = int(sec["step"])
         except (KeyError, TypeError, ValueError) as e:
@@ -180,6 +198,8 @@ def simulate_files(
     With `measured` (a training run's `actions.json`) the report and the chart also hold the
     steps as they ran.
     """
+    if gantt is not None:
+        check_output_file(gantt, "--gantt")
     profile = load_profile(profile_path)
     sched = load_schedule(schedule_path)
     warnings = check_fits(sched, profile, profile_sha256=profile_sha256(profile))

@@ -162,6 +162,13 @@ def test_a_milp_that_keeps_its_start_still_has_the_lp_bound(
         (["schema", "thing"], 2, "unknown schema"),
         (["validate", "{p}"], 2, r"\.json is a profile, not a schedule; .*freezeopt solve"),
         (["simulate", "{t}/s.yaml", "--profile", "{t}/s.yaml"], 2, r"s\.yaml: not a profile \("),
+        (["simulate", "{t}/s.yaml", "-p", "{p}", "--gantt", "{t}"], 2, "is a folder; name a file"),
+        (["synth", "--forward-ms", "nan", "-o", "{t}/x.json"], 2, "--forward-ms must be a finite"),
+        (["synth", "--lag-ms", "inf", "-o", "{t}/x.json"], 2, "--lag-ms must be a finite"),
+        (["synth", "-o", "{t}"], 2, "is a folder; name a file"),
+        (["train", "tiny-gpt", "--steps", "2", "--out-dir", "{p}"], 2, "is a file, not a folder"),
+        (["compare", "tiny-gpt", "-o", "{p}"], 2, "is a file, not a folder"),
+        (["compare", "tiny-gpt", "--warmup-steps", "-1"], 2, "--warmup-steps must not be neg"),
     ],
 )
 def test_user_errors_are_one_line(
@@ -221,6 +228,21 @@ def test_usage_errors_are_one_line_too(
     assert re.search(msg, lines[0]), lines[0]
 
 
+def test_a_full_stdout_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """`freezeopt schema profile > /dev/full`: the output cannot be written, and says so."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        out = subprocess.run(
+            [sys.executable, "-m", "freezeopt", "schema", "profile"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    assert out.returncode == 1
+    assert out.stderr == "error: cannot write the output: No space left on device\n"
+
+
 def test_the_entry_point_keeps_help_and_exit_codes(
     capsys: pytest.CaptureFixture[str], main: Callable[[list[str]], None]
 ) -> None:
@@ -253,12 +275,28 @@ def test_no_partial_file_on_failure(tmp_path: Path, profile: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_unwritable_output_is_a_clear_error(tmp_path: Path, profile: Path) -> None:
-    blocker = tmp_path / "file"
+def test_unwritable_output_is_a_clear_error_before_the_solve(tmp_path: Path, profile: Path) -> None:
+    """Checked before the work, not after it (a solve can take its whole time limit first)."""
+    d = tmp_path / "d"
+    d.mkdir()
+    blocker = d / "file"
     blocker.write_text("x")
-    r = run("solve", profile, "-o", blocker / "s.yaml")
-    assert r.exit_code == 1
-    assert r.stderr.startswith("error: cannot write")
+    cases = [
+        (["-o", str(blocker / "s.yaml")], f"error: -o {blocker / 's.yaml'}: {blocker} is a file"),
+        (["-o", str(d)], f"error: -o {str(d)!r} is a folder; name a file"),
+        (["-o", ""], "error: -o '.' is a folder; name a file"),
+        (["-o", str(profile)], f"error: -o {profile} is the profile being solved"),
+        (["--write-model", str(d)], "error: --write-model"),
+        (["--warmup-steps", "-1", "-o", str(d / "s.yaml")], "error: --warmup-steps must"),
+        (["--full-update-every", "-5"], "error: --full-update-every must not be negative"),
+    ]
+    before = profile.read_bytes()
+    for args, start in cases:
+        r = run("solve", profile, "--mode", "lp", "--time-limit", "0.001", *args)
+        assert r.exit_code == 2 and r.stderr.startswith(start), (args, r.stderr)
+        assert len(r.stderr.splitlines()) == 1
+    assert [p.name for p in d.iterdir()] == ["file"], "nothing written"
+    assert profile.read_bytes() == before
 
 
 def test_every_command_has_help_with_an_example() -> None:
