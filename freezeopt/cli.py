@@ -137,6 +137,7 @@ def profile(
 
     Example: freezeopt profile tiny-gpt -o profiles/tiny-gpt-1f1b.json
     """
+    from freezeopt.errors import InputError
     from freezeopt.profile import format_report, profile_job
 
     given = dict(
@@ -144,6 +145,9 @@ def profile(
         microbatches=microbatches, batch_size=batch_size, measure_steps=steps,
         warmup_steps=warmup, device=device, seed=seed,
     )  # fmt: skip
+    for flag, v in (("--steps", steps), ("--warmup", warmup)):
+        if v is not None and v < 1:
+            raise InputError(f"{flag} must be at least 1 (got {v})")
     target = out if out is not None else Path("profiles") / f"{_job_name(job)}.json"
     report = profile_job(job, out=target, progress=not no_progress, overrides=_overrides(**given))
     if as_json:
@@ -363,12 +367,17 @@ def synth(
         str,
         typer.Option(help="torch schedule name, or a CSV file with one row of actions per rank."),
     ] = "1F1B",
-    ranks: Annotated[int, typer.Option(help="Pipeline ranks.")] = 4,
+    ranks: Annotated[
+        int | None, typer.Option(help="Pipeline ranks (default 4; a CSV schedule has its own).")
+    ] = None,
     stages_per_rank: Annotated[
         int | None,
         typer.Option(help="Stages per rank (default: 1, or 2 for multi-stage schedules)."),
     ] = None,
-    microbatches: Annotated[int, typer.Option(help="Microbatches per step.")] = 8,
+    microbatches: Annotated[
+        int | None,
+        typer.Option(help="Microbatches per step (default 8; a CSV schedule has its own)."),
+    ] = None,
     microbatch_size: Annotated[int, typer.Option(help="Samples per microbatch.")] = 4,
     groups: Annotated[int, typer.Option(help="Parameter groups per stage.")] = 4,
     forward_ms: Annotated[float, typer.Option(help="Forward cost of a stage (ms).")] = 10.0,
@@ -391,11 +400,21 @@ def synth(
 
     Example: freezeopt synth --schedule ZBVZeroBubble --ranks 8 --microbatches 32 -o profiles/zbv.json
     """
+    from freezeopt.errors import InputError
     from freezeopt.synth import SynthOptions
     from freezeopt.workflow import synth_file
 
+    if schedule.lower().endswith(".csv") and (ranks, microbatches, stages_per_rank) != (None,) * 3:
+        raise InputError(
+            "a CSV schedule sets its own ranks, stages and microbatches; leave out --ranks, "
+            "--microbatches and --stages-per-rank"
+        )
+    defaults = SynthOptions()
     opts = SynthOptions(
-        schedule=schedule, ranks=ranks, stages_per_rank=stages_per_rank, microbatches=microbatches,
+        schedule=schedule,
+        ranks=defaults.ranks if ranks is None else ranks,
+        microbatches=defaults.microbatches if microbatches is None else microbatches,
+        stages_per_rank=stages_per_rank,
         microbatch_size=microbatch_size, groups=groups, forward_ms=forward_ms, backward_ms=backward_ms,
         weight_share=weight_share, jitter=jitter, last_stage_factor=last_stage_factor, noise=noise,
         lag_ms=lag_ms, trace_steps=trace_steps, seed=seed,

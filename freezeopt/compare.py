@@ -255,6 +255,8 @@ def compare_job(
             # a run's own speed-up (against its full-update steps) is not used here: each policy
             # is timed against `none`'s run, and the hint names train's options
             and not w.startswith("no full-update step was measured")
+            # a report written again replaces its own runs: not worth a warning
+            and not w.startswith("replaced the earlier run")
         )
         return _read_run(
             rdir,

@@ -183,7 +183,7 @@ def read_text_file(path: Path, *, what: str, limit: int, missing_hint: str) -> s
             raise InputError(
                 f"{what} {p} is too large ({size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB)"
             )
-        return p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(f"{what} {p} not found; {missing_hint}") from None
     except IsADirectoryError:
@@ -192,6 +192,9 @@ def read_text_file(path: Path, *, what: str, limit: int, missing_hint: str) -> s
         raise InputError(f"{what} {p} is not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise InputError(f"cannot read {what} {p}: {e.strerror or e}") from None
+    if not text.strip():
+        raise InputError(f"{what} {p} is empty; {missing_hint}")
+    return text
 
 
 def load_json_file(path: Path, *, what: str, limit: int, missing_hint: str) -> Any:

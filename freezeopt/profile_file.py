@@ -387,18 +387,48 @@ def parse_profile(data: Any, *, source: str = "profile") -> Profile:
     if not isinstance(data, dict):
         raise InputError(f"{source}: not a freezeopt profile (expected a JSON object)")
     version = data.get("schema_version")
+    if version is None:
+        raise InputError(
+            f"{source}: not a freezeopt profile (no schema_version; `freezeopt profile` and "
+            "`freezeopt synth` write one)"
+        )
     if version != PROFILE_VERSION:
         raise InputError(
             f"{source}: profile schema_version {version!r} is not supported; this freezeopt reads "
             f"version {PROFILE_VERSION} (re-run `freezeopt profile` or `freezeopt synth`)"
         )
     try:
-        return _ADAPTER.validate_python(data)
+        profile = _ADAPTER.validate_python(data)
     except ValidationError as e:
         from freezeopt.fileio import invalid_file
 
         fields = "`freezeopt schema profile` and docs/profile.md"
         raise invalid_file(source, "profile", e, fields=fields) from None
+    _check_traces(profile, source)
+    return profile
+
+
+def _check_traces(profile: Profile, source: str) -> None:
+    """Gradient traces belong to the profile's groups and hold one norm per microbatch and step
+    (the sensitivity estimates average them: a short row would be averaged silently)."""
+    groups = {(st.stage, g.name) for st in profile.stages for g in st.groups}
+    m = profile.pipeline.n_microbatches
+    for i, t in enumerate(profile.gradients):
+        at = f"{source}: gradients.{i}"
+        if (t.stage, t.group) not in groups:
+            raise InputError(
+                f"{at} names group {t.group!r} of stage {t.stage}, which has no such group"
+            )
+        if len(t.microbatch_sq_norms) != len(t.step_sq_norms):
+            raise InputError(
+                f"{at} has {len(t.microbatch_sq_norms)} steps of microbatch norms but "
+                f"{len(t.step_sq_norms)} of step norms; they must match"
+            )
+        short = next((r for r in t.microbatch_sq_norms if len(r) != m), None)
+        if short is not None:
+            raise InputError(
+                f"{at} has a step with {len(short)} microbatch norms; the pipeline has {m} microbatches"
+            )
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -392,6 +392,10 @@ def parse_schedule(data: Any, *, source: str = "schedule") -> Schedule:
             f"{source} is a profile, not a schedule; make a schedule from it with "
             f"`freezeopt solve {source} -o SCHEDULE.yaml`"
         )
+    if data.get("schema_version") is None:
+        raise InputError(
+            f"{source}: not a freezeopt schedule (no schema_version; `freezeopt solve` writes one)"
+        )
     if data.get("schema_version") != SCHEDULE_VERSION:
         raise InputError(
             f"{source}: schedule schema_version {data.get('schema_version')!r} is not supported; this freezeopt "
@@ -454,11 +458,9 @@ def pipeline_difference(schedule: Schedule, profile: Profile) -> tuple[str, Any,
         "stages": (sp.n_stages, pp.n_stages),
         "microbatches": (sp.n_microbatches, pp.n_microbatches),
         "stage-to-rank map": (list(sp.stage_to_rank), [st.rank for st in profile.stages]),
-        "parameter groups": (
-            [list(g) for g in sp.groups],
-            [[g.name for g in st.groups] for st in profile.stages],
-        ),
     }
+    for s, (mine, theirs) in enumerate(zip(sp.groups, profile.stages, strict=False)):
+        want[f"stage {s}'s group list"] = (list(mine), [g.name for g in theirs.groups])
     return next(((what, a, b) for what, (a, b) in want.items() if a != b), None)
 
 

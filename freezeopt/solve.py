@@ -329,7 +329,8 @@ def _solve(
                 else f"over {LP_FLOOR_SHARE:.0%} of the {_secs(lp_left)} the time limit leaves"
             )
             raise LpUnsolved(
-                f"no time for the LP relaxation: {takes}, {leaves}; {_more_time(opts.solver)}"
+                f"no time for the LP relaxation: {takes}, {leaves}; "
+                f"{_more_time(opts.solver, dag, lp_left)}"
             )
         lp1, lp_x = model.solve_lp(
             lp_deadline, write=opts.write_model if opts.mode != "milp" else None
@@ -399,9 +400,13 @@ def _solve(
                 if dived:
                     t_round, t_dive = model.makespan(frozen), model.makespan(dived)
                     if t_dive < t_round - 1e-9:
+                        by = (
+                            f"{t_dive:.2f} against {t_round:.2f} ms"
+                            if t_round - t_dive >= 0.01
+                            else "by under 0.01 ms"
+                        )
                         notes.append(
-                            f"LP diving found a faster start for the MILP than rounding "
-                            f"({t_dive:.1f} against {t_round:.1f} ms)"
+                            f"LP diving found a faster start for the MILP than rounding ({by})"
                         )
                         frozen = dived
             frozen, status, milp_notes = model.solve_milp(frozen, deadline, write=opts.write_model)
@@ -452,7 +457,9 @@ def _check_options(
     if o.stage_cap is not None and not (math.isfinite(o.stage_cap) and 0 <= o.stage_cap <= 1):
         raise InputError(f"--stage-cap must be in [0, 1] (got {o.stage_cap})")
     if not (o.time_limit > 0 and math.isfinite(o.time_limit)):
-        raise InputError(f"--time-limit must be positive (got {o.time_limit})")
+        raise InputError(
+            f"--time-limit must be a positive, finite number of seconds (got {o.time_limit})"
+        )
     if not (0 <= o.gap < 1):
         raise InputError(f"--gap must be in [0, 1) (got {o.gap})")
     if o.threads < 1:
@@ -922,14 +929,25 @@ def _lp_floor(dag: PipelineDag, solver: SolverName) -> float:
     return per * (dag.n_stages * dag.n_microbatches) ** 2
 
 
-def _more_time(solver: SolverName) -> str:
-    """The hint for an LP out of time: more of it, or (from CBC) the faster solver."""
+def _more_time(
+    solver: SolverName, dag: PipelineDag | None = None, left: float | None = None
+) -> str:
+    """The hint for an LP out of time: more of it, or (from CBC) the faster solver — and, where
+    `dag` and the time `left` say that even HiGHS would most likely not finish, how long it takes."""
     hint = "raise --time-limit"
-    return hint + ", or use --solver highs (far faster on large LPs)" if solver == "cbc" else hint
+    if solver != "cbc":
+        return hint
+    if dag is not None and left is not None:
+        highs = _lp_floor(dag, "highs")
+        if highs >= 1.0 and highs > LP_FLOOR_SHARE * left:
+            return f"{hint} (also with --solver highs, far faster on large LPs: {_secs(highs)} or more)"
+    return hint + ", or use --solver highs (far faster on large LPs)"
 
 
 def _secs(s: float) -> str:
-    """Seconds for a message: tenths below 10 s."""
+    """Seconds for a message: tenths below 10 s, thousandths below 0.1 s."""
+    if s < 0.1:
+        return f"{s:.3f} s"
     return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
 
 

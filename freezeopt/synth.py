@@ -197,7 +197,9 @@ def synth_profile(opts: SynthOptions) -> Profile:
                     )
                 )
 
-    job = {k: v for k, v in asdict(opts).items()}
+    job = asdict(opts)
+    if sched_name.startswith("csv:"):  # the file, not the options, says how many
+        job.update(ranks=len(rank_acts), microbatches=n_mb, stages_per_rank=None)
     job_json = json.dumps(job, sort_keys=True)
     return Profile(
         schema_version=1,
@@ -248,6 +250,8 @@ def _check(o: SynthOptions) -> None:
         "microbatch_size": o.microbatch_size,
         "groups": o.groups,
     }
+    if o.stages_per_rank is not None:
+        positive["stages_per_rank"] = o.stages_per_rank
     for k, v in positive.items():
         if v < 1:
             raise InputError(f"--{k.replace('_', '-')} must be at least 1 (got {v})")

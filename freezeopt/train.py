@@ -274,8 +274,10 @@ def train_job(
                 f"{last.step} to train further"
             )
         start, resume_from = last.step, str(last.path)
-    elif not in_torchrun() or int(os.environ["RANK"]) == 0:
-        _clear_run(out)
+    elif (not in_torchrun() or int(os.environ["RANK"]) == 0) and _clear_run(out):
+        warnings.append(
+            f"replaced the earlier run in {out}, its checkpoints too (--resume continues a run)"
+        )
     spec = TrainSpec(
         job=job,
         plan=plan,
@@ -474,13 +476,16 @@ def _resumable(root: Path) -> str:
     return "it had written no checkpoint yet, so run it again without --resume"
 
 
-def _clear_run(out: Path) -> None:
-    """A fresh run replaces an earlier run's files in `out` (and nothing else)."""
+def _clear_run(out: Path) -> bool:
+    """A fresh run replaces an earlier run's files in `out` (and nothing else); whether there
+    were checkpoints among them."""
+    had_checkpoints = (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
     for name in _RUN_FILES:
         (out / name).unlink(missing_ok=True)
     for name in _RUN_DIRS:
         if (out / name).is_dir():
             shutil.rmtree(out / name)
+    return had_checkpoints
 
 
 def _median(xs: Sequence[float]) -> float | None:

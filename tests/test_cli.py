@@ -166,6 +166,12 @@ def test_a_milp_that_keeps_its_start_still_has_the_lp_bound(
         (["synth", "--forward-ms", "nan", "-o", "{t}/x.json"], 2, "--forward-ms must be a finite"),
         (["synth", "--lag-ms", "inf", "-o", "{t}/x.json"], 2, "--lag-ms must be a finite"),
         (["synth", "-o", "{t}"], 2, "is a folder; name a file"),
+        (["synth", "--stages-per-rank", "0", "-o", "{t}/x.json"], 2, "must be at least 1 \\(got 0"),
+        (
+            ["synth", "--schedule", "examples/zb-2ranks.csv", "--ranks", "2", "-o", "{t}/x.json"],
+            2,
+            "a CSV schedule sets its own ranks",
+        ),
         (["train", "tiny-gpt", "--steps", "2", "--out-dir", "{p}"], 2, "is a file, not a folder"),
         (["compare", "tiny-gpt", "-o", "{p}"], 2, "is a file, not a folder"),
         (["compare", "tiny-gpt", "--warmup-steps", "-1"], 2, "--warmup-steps must not be neg"),

@@ -106,8 +106,10 @@ def test_csv_schedule(tmp_path: Path) -> None:
         "0F0,0F1,0I0,0W0,0F2,0I1,0W1,0F3,0I2,0W2,0I3,0W3\n"
         "1F0,1I0,1W0,1F1,1I1,1W1,1F2,1I2,1W2,1F3,1I3,1W3\n"
     )
-    p = synth_profile(SynthOptions(schedule=str(csv), ranks=2, microbatches=4, groups=2))
+    p = synth_profile(SynthOptions(schedule=str(csv), groups=2))  # ranks 4, microbatches 8
     assert p.pipeline.schedule == "csv:zb.csv"
+    job = p.provenance.job  # what the file holds, not the options it overrides
+    assert (job["ranks"], job["microbatches"], job["stages_per_rank"]) == (2, 4, None)
     dag = build_dag(p)
     assert dag.n_stages == 2 and dag.n_microbatches == 4
 

@@ -136,6 +136,16 @@ def test_an_lp_that_cannot_fit_the_time_limit_fails_before_it_starts(
             "without the LP: --mode heuristic, or --fallback heuristic\n"
         )
         assert not out.exists()
+    # where HiGHS would most likely not finish either, the hint says how long it takes
+    highs_floor = solve_mod.LP_SECONDS_PER_PAIR2
+    monkeypatch.setattr(solve_mod, "LP_SECONDS_PER_PAIR2", 0.5)  # 2×4 → 32 s or more
+    r = runner.invoke(app, ["solve", str(prof), "--time-limit", "60"])
+    assert r.exit_code == 5
+    assert (
+        "; raise --time-limit (also with --solver highs, far faster on large LPs: 32 s or more);"
+        in r.stderr
+    )
+    monkeypatch.setattr(solve_mod, "LP_SECONDS_PER_PAIR2", highs_floor)
     r = runner.invoke(app, ["solve", str(prof), "--time-limit", "100", "--json"])
     assert str(r.exception) == "CBC was started"  # 64 s fit in 100 s: it is tried
     r = runner.invoke(

@@ -108,6 +108,19 @@ def _data():
     ("mutate", "msg"),
     [
         (lambda d: d.update(schema_version=0), "schema_version 0 is not supported"),
+        (lambda d: d.pop("schema_version"), r"not a freezeopt profile \(no schema_version"),
+        # gradient traces the sensitivity estimates would have averaged silently
+        (lambda d: d["gradients"][0].update(group="nope"), r"gradients\.0 names group 'nope'"),
+        (
+            lambda d: d["gradients"][0].update(
+                microbatch_sq_norms=[[1.0, 2.0]] * len(d["gradients"][0]["step_sq_norms"])
+            ),
+            "a step with 2 microbatch norms; the pipeline has 4",
+        ),
+        (
+            lambda d: d["gradients"][0].update(step_sq_norms=[]),
+            "steps of microbatch norms but 0 of step norms",
+        ),
         (lambda d: d.pop("ranks"), "ranks"),
         (lambda d: d["actions"][0]["cost_ms"].update(median=-1.0), "greater than or equal to 0"),
         (lambda d: d["actions"][0].update(action="0X1"), "actions.0.action"),
@@ -137,3 +150,6 @@ def test_nan_and_truncated_json(tmp_path: Path) -> None:
         load_profile(_write(tmp_path, with_nan))
     with pytest.raises(InputError, match="not found"):
         load_profile(tmp_path / "missing.json")
+    for empty in ("", "\n  \n"):
+        with pytest.raises(InputError, match=r"profile .* is empty; create one with"):
+            load_profile(_write(tmp_path, empty))

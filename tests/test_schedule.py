@@ -131,6 +131,7 @@ def _valid_data():
     ("mutate", "msg"),
     [
         (lambda d: d.update(schema_version=2), "schema_version 2 is not supported"),
+        (lambda d: d.pop("schema_version"), r"not a freezeopt schedule \(no schema_version"),
         (lambda d: d.update(surprise=1), "invalid schedule at surprise: unknown key"),
         (lambda d: d["provenance"].update(budget=3), "provenance.budget"),
         (lambda d: d["frozen"].update({0: {"nope": "0"}}), "has no group 'nope'"),

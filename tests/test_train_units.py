@@ -76,8 +76,10 @@ def test_checkpoints_are_complete_only_with_meta_and_pruned(tmp_path: Path) -> N
         "step-00000011",  # newer than the last complete one: might still be being written
     ]
     ckpt.check_meta(last, {"job": {"lr": 0.1}})
-    with pytest.raises(MismatchError, match="another job"):
+    with pytest.raises(MismatchError, match=r"another job setting, lr \(0\.1 there, 0\.2 now\)"):
         ckpt.check_meta(last, {"job": {"lr": 0.2}})
+    with pytest.raises(MismatchError, match=r"another job setting, seed \(None there, 9 now\)"):
+        ckpt.check_meta(last, {"job": {"lr": 0.1, "seed": 9}})
     # the schedule's hash covers the phase overrides, which a resume without them changes
     with pytest.raises(MismatchError, match=r"another schedule sha256 \(the schedule file with "):
         ckpt.check_meta(last, {"schedule_sha256": "abc"})
@@ -176,3 +178,16 @@ def test_action_log_is_read_and_checked(tmp_path: Path) -> None:
         load_action_log(path, dag, schedule="1F1B")
     with pytest.raises(InputError, match="not found"):
         load_action_log(tmp_path / "nope.json", dag, schedule="1F1B")
+
+
+def test_a_fresh_run_clears_only_the_run_files_and_says_when_checkpoints_went(
+    tmp_path: Path,
+) -> None:
+    from freezeopt.train import _clear_run
+
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "events.jsonl").write_text("{}\n")
+    assert _clear_run(tmp_path) is False  # no checkpoints: nothing worth a warning
+    (tmp_path / "checkpoints" / "step-00000002").mkdir(parents=True)
+    assert _clear_run(tmp_path) is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
