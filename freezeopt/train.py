@@ -339,11 +339,9 @@ def check_schedule_fits(
         "microbatches": (sp.n_microbatches, job.microbatches),
         "stage-to-rank map": (list(sp.stage_to_rank), list(plan.stage_rank)),
     }
-    if groups is not None:
-        want["parameter groups"] = (
-            [list(g) for g in sp.groups],
-            [[g for g, _ in groups[s]] for s in range(plan.n_stages)],
-        )
+    if groups is not None and len(sp.groups) == plan.n_stages:
+        for s, mine in enumerate(sp.groups):
+            want[f"stage {s}'s group list"] = (list(mine), [g for g, _ in groups[s]])
     for what, (a, b) in want.items():
         if a != b:
             raise MismatchError(

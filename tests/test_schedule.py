@@ -202,7 +202,7 @@ def test_missing_and_garbage_files(tmp_path: Path) -> None:
     [
         ({"microbatches": 8}, "microbatches"),
         ({"schedule": "GPipe"}, "schedule"),
-        ({"groups": 3}, "parameter groups"),
+        ({"groups": 3}, "stage 0's group list"),
         ({"ranks": 3}, "ranks"),
     ],
 )

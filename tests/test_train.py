@@ -403,8 +403,8 @@ def test_timelyfreeze_realisation_random_tensors(tmp_path: Path) -> None:
         ({"schedule": "GPipe"}, "schedule is 1F1B in the schedule but GPipe"),
         ({"schedule": "Interleaved1F1B", "stages_per_rank": 2}, "schedule is 1F1B"),
         ({"ranks": 4}, "ranks is 2 in the schedule but 4"),
-        ({"model_args": {**SMALL["model_args"], "n_layers": 8}}, "parameter groups"),
-        ({"groups": {"all": ["*"]}}, "parameter groups"),
+        ({"model_args": {**SMALL["model_args"], "n_layers": 8}}, "stage 0's group list"),
+        ({"groups": {"all": ["*"]}}, "stage 0's group list"),
     ],
 )
 def test_a_schedule_for_another_job_is_refused_before_training(
