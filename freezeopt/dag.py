@@ -108,7 +108,13 @@ def build_dag(profile: Profile) -> PipelineDag:
         for a in acts:
             if a in rank_of:
                 raise InputError(
-                    f"action {a} appears twice (ranks {rank_of[a]} and {rp.rank}); each action runs once"
+                    f"action {a} appears twice ("
+                    + (
+                        f"on rank {rp.rank}"
+                        if rank_of[a] == rp.rank
+                        else f"on ranks {rank_of[a]} and {rp.rank}"
+                    )
+                    + "); each action runs once"
                 )
             if not (0 <= a.stage < n_st and 0 <= a.microbatch < n_mb):
                 raise InputError(

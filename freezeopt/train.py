@@ -437,6 +437,11 @@ def _replan_spec(
     if every < 0:
         raise InputError("--replan-every must not be negative (0: never)")
     if not (every or on_drift):
+        if profile_path is not None:
+            warnings.append(
+                "--profile is read only for online re-planning; without --replan-every or "
+                "--replan-on-drift it was not used"
+            )
         return None
     if schedule is None:
         raise InputError("--replan-every and --replan-on-drift need --schedule")

@@ -127,6 +127,8 @@ def load_action_log(path: Path, dag: PipelineDag, *, schedule: str) -> tuple[Mea
         raise InputError(
             f"action log {path} not found; `freezeopt train` writes it as RUN_DIR/actions.json"
         ) from None
+    except IsADirectoryError:
+        raise InputError(f"action log {path} is a folder; pass RUN_DIR/actions.json") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise InputError(f"cannot read action log {path}: {e}") from None
     if not isinstance(data, dict) or data.get("format") != "freezeopt-actions":

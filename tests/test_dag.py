@@ -71,7 +71,11 @@ def test_missing_action_is_named(small_profile) -> None:
 def test_duplicate_action_is_named(small_profile) -> None:
     rows = [list(r.actions) for r in small_profile.ranks]
     rows[1].append("1F0")
-    with pytest.raises(InputError, match="1F0 appears twice"):
+    with pytest.raises(InputError, match=r"1F0 appears twice \(on rank 1\)"):
+        build_dag(_with_ranks(small_profile, rows))
+    rows = [list(r.actions) for r in small_profile.ranks]
+    rows[0].append("1F0")
+    with pytest.raises(InputError, match=r"1F0 appears twice \(on ranks [01] and [01]\)"):
         build_dag(_with_ranks(small_profile, rows))
 
 

@@ -178,6 +178,8 @@ def test_action_log_is_read_and_checked(tmp_path: Path) -> None:
         load_action_log(path, dag, schedule="1F1B")
     with pytest.raises(InputError, match="not found"):
         load_action_log(tmp_path / "nope.json", dag, schedule="1F1B")
+    with pytest.raises(InputError, match=r"is a folder; pass RUN_DIR/actions\.json"):
+        load_action_log(tmp_path, dag, schedule="1F1B")
 
 
 def test_a_fresh_run_clears_only_the_run_files_and_says_when_checkpoints_went(
@@ -191,3 +193,22 @@ def test_a_fresh_run_clears_only_the_run_files_and_says_when_checkpoints_went(
     (tmp_path / "checkpoints" / "step-00000002").mkdir(parents=True)
     assert _clear_run(tmp_path) is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_profile_without_re_planning_is_said_to_be_unused() -> None:
+    from freezeopt.train import _replan_spec
+
+    warnings: list[str] = []
+    off = _replan_spec(
+        None,
+        "p.json",
+        every=0,
+        on_drift=False,
+        mode="heuristic",
+        time_limit=10.0,
+        warnings=warnings,
+    )
+    assert off is None and warnings == [
+        "--profile is read only for online re-planning; without --replan-every or "
+        "--replan-on-drift it was not used"
+    ]
