@@ -219,11 +219,14 @@ def check_meta(ckpt: Checkpoint, expected: dict[str, Any]) -> None:
         got = ckpt.meta.get(key)
         if got != want:
             what = key.replace("_", " ")
-            if isinstance(got, dict) and isinstance(
-                want, dict
-            ):  # name the first field that differs
-                field = min(k for k in got.keys() | want.keys() if got.get(k) != want.get(k))
-                got, want = got.get(field), want.get(field)
+            if isinstance(got, dict) and isinstance(want, dict):
+                # name the first field that differs (one only in either counts too)
+                field = min(
+                    k
+                    for k in got.keys() | want.keys()
+                    if k not in got or k not in want or got[k] != want[k]
+                )
+                got, want = got.get(field, "no value"), want.get(field, "no value")
                 what = f"{what} setting, {field}"
             if key == "schedule_sha256":  # of the schedule as trained: the file and its overrides
                 what += " (the schedule file with --warmup-steps and --full-update-every applied)"

@@ -400,14 +400,12 @@ def synth(
 
     Example: freezeopt synth --schedule ZBVZeroBubble --ranks 8 --microbatches 32 -o profiles/zbv.json
     """
-    from freezeopt.errors import InputError
-    from freezeopt.synth import SynthOptions
+    from freezeopt.synth import SynthOptions, check_csv_counts
     from freezeopt.workflow import synth_file
 
-    if schedule.lower().endswith(".csv") and (ranks, microbatches, stages_per_rank) != (None,) * 3:
-        raise InputError(
-            "a CSV schedule sets its own ranks, stages and microbatches; leave out --ranks, "
-            "--microbatches and --stages-per-rank"
+    if schedule.lower().endswith(".csv"):
+        check_csv_counts(
+            schedule, ranks=ranks, microbatches=microbatches, stages_per_rank=stages_per_rank
         )
     defaults = SynthOptions()
     opts = SynthOptions(
@@ -671,7 +669,8 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:
         if e.errno not in _OUTPUT_ERRORS or e.filename is not None:
             raise
-        # stdout is full, gone or closed (`> /dev/full`, a closed pipe): one line, as for files
+        # stdout cannot take the output (`> /dev/full`, a full quota; a closed pipe never gets
+        # here: click ends those itself, silently, with exit code 1): one line, as for files
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         typer.echo(f"error: cannot write the output: {e.strerror or e}", err=True)

@@ -36,14 +36,14 @@ __all__ = [
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and a rename."""
     path = Path(path)
-    if path.is_dir():
-        raise FreezeoptError(f"cannot write {path}: it is a folder; name a file")
+    if os.path.isdir(path):  # os.path's tests never raise (Path's do on a folder it may not read)
+        raise InputError(f"cannot write {path}: it is a folder; name a file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise FreezeoptError(f"cannot write {path}: {e.strerror or e}") from None
-    existed = path.exists()
+    existed = os.path.lexists(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -58,32 +58,35 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise FreezeoptError(f"cannot write {path}: {e.strerror or e}{kept}") from None
 
 
-def check_output_file(path: Path, what: str) -> None:
+def check_output_file(path: Path, what: str, *, inputs: tuple[Path, ...] = ()) -> None:
     """Fail now, before minutes of profiling or solving, where `path` could not be written then:
-    it names a folder, or no file can be created in its folder. `what` names it for the user
-    (`-o`, `--gantt`)."""
+    it names a folder or one of the command's `inputs`, or no file can be created in its folder.
+    `what` names it for the user (`-o`, `--gantt`)."""
     path = Path(path)
-    if path.is_dir():
+    if os.path.isdir(path):
         raise InputError(f"{what} {str(path)!r} is a folder; name a file")
+    for src in inputs:
+        if os.path.lexists(src) and os.path.realpath(src) == os.path.realpath(path):
+            raise InputError(f"{what} {path} is an input of this command; write to another file")
     _check_folder_writable(path.parent, f"{what} {path}")
 
 
 def check_output_folder(path: Path, what: str) -> None:
     """Like `check_output_file`, for an output folder (`--out-dir`, `compare -o`)."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise InputError(f"{what} {path} is a file, not a folder; name a folder")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise InputError(f"{what} {path} is not a folder (a file or a broken link); name a folder")
     _check_folder_writable(path, f"{what} {path}")
 
 
 def _check_folder_writable(folder: Path, label: str) -> None:
     """The folder, or the nearest of its parents that exists (the rest will be made), must be a
-    folder this process may create files in."""
+    folder this process may create files in (as root, `os.access` always says it may)."""
     at = folder
-    while not at.exists() and at != at.parent:
+    while not os.path.lexists(at) and at != at.parent:
         at = at.parent
-    if not at.is_dir():
-        raise InputError(f"{label}: {at} is a file, not a folder")
+    if not os.path.isdir(at):
+        raise InputError(f"{label}: {at} is not a folder")
     if not os.access(at, os.W_OK | os.X_OK):
         raise InputError(f"{label}: cannot create files in {at} (permission denied)")
 
@@ -174,8 +177,11 @@ def invalid_file(source: str, what: str, error: Any, *, fields: str) -> InputErr
     return InputError(f"{source}: invalid {what} at {where}: {msg}")
 
 
-def read_text_file(path: Path, *, what: str, limit: int, missing_hint: str) -> str:
-    """Read a UTF-8 text file of at most `limit` bytes; every failure is one InputError line."""
+def read_text_file(
+    path: Path, *, what: str, limit: int, missing_hint: str, empty_hint: str | None = None
+) -> str:
+    """Read a UTF-8 text file of at most `limit` bytes; every failure is one InputError line
+    (an empty file's says `empty_hint`, or `missing_hint`)."""
     p = Path(path)
     try:
         size = p.stat().st_size
@@ -193,7 +199,7 @@ def read_text_file(path: Path, *, what: str, limit: int, missing_hint: str) -> s
     except OSError as e:
         raise InputError(f"cannot read {what} {p}: {e.strerror or e}") from None
     if not text.strip():
-        raise InputError(f"{what} {p} is empty; {missing_hint}")
+        raise InputError(f"{what} {p} is empty; {empty_hint or missing_hint}")
     return text
 
 
@@ -208,12 +214,16 @@ def load_json_file(path: Path, *, what: str, limit: int, missing_hint: str) -> A
         raise InputError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
 
 
-def load_yaml_file(path: Path, *, what: str, limit: int, missing_hint: str) -> Any:
+def load_yaml_file(
+    path: Path, *, what: str, limit: int, missing_hint: str, empty_hint: str | None = None
+) -> Any:
     """Read and decode a YAML file safely: plain data only, tags are never constructed, and a key
     given twice in one mapping is an error (YAML itself keeps the last silently)."""
-    text = read_text_file(path, what=what, limit=limit, missing_hint=missing_hint)
+    text = read_text_file(
+        path, what=what, limit=limit, missing_hint=missing_hint, empty_hint=empty_hint
+    )
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no tags constructed
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no tags constructed
     except RecursionError:
         raise InputError(f"{path}: YAML nested too deeply") from None
     except yaml.YAMLError as e:
@@ -226,6 +236,9 @@ def load_yaml_file(path: Path, *, what: str, limit: int, missing_hint: str) -> A
             ) from None
         first = str(e).splitlines()[0] if str(e) else "parse error"
         raise InputError(f"{path}: not valid YAML ({first})") from None
+    if data is None:  # nothing but comments
+        raise InputError(f"{what} {path} is empty; {empty_hint or missing_hint}")
+    return data
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

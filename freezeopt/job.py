@@ -208,6 +208,7 @@ def load_job(path_or_name: str | Path) -> Job:
         what="job spec",
         limit=1 * 2**20,
         missing_hint="pass a YAML file or the built-in job `tiny-gpt`",
+        empty_hint="a job spec is a YAML mapping (e.g. `name: my-job`; docs/profiling.md lists the fields)",
     )
     return parse_job(data, source=str(p), base_dir=p.resolve().parent)
 

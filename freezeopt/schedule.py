@@ -11,6 +11,7 @@ that stage in microbatches 0, 1, 2 and 5. `docs/schedule.md` describes every fie
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -36,6 +37,7 @@ __all__ = [
     "check_phase_flags",
     "dump_schedule",
     "format_microbatches",
+    "group_lists",
     "load_schedule",
     "parse_microbatches",
     "parse_schedule",
@@ -459,9 +461,17 @@ def pipeline_difference(schedule: Schedule, profile: Profile) -> tuple[str, Any,
         "microbatches": (sp.n_microbatches, pp.n_microbatches),
         "stage-to-rank map": (list(sp.stage_to_rank), [st.rank for st in profile.stages]),
     }
-    for s, (mine, theirs) in enumerate(zip(sp.groups, profile.stages, strict=False)):
-        want[f"stage {s}'s group list"] = (list(mine), [g.name for g in theirs.groups])
+    want.update(group_lists(schedule, [[g.name for g in st.groups] for st in profile.stages]))
     return next(((what, a, b) for what, (a, b) in want.items() if a != b), None)
+
+
+def group_lists(
+    schedule: Schedule, other: Sequence[Sequence[str]]
+) -> dict[str, tuple[list[str], list[str]]]:
+    """Per stage, the schedule's group names beside another pipeline's, keyed as a difference
+    is reported ("stage 1's group list")."""
+    pairs = zip(schedule.pipeline.groups, other, strict=False)
+    return {f"stage {s}'s group list": (list(a), list(b)) for s, (a, b) in enumerate(pairs)}
 
 
 def check_fits(

@@ -42,7 +42,7 @@ from freezeopt.profile_file import (
     Stat,
 )
 
-__all__ = ["SynthOptions", "load_csv_schedule", "synth_profile"]
+__all__ = ["SynthOptions", "check_csv_counts", "load_csv_schedule", "synth_profile"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +92,27 @@ def load_csv_schedule(path: str | Path) -> tuple[tuple[Action, ...], ...]:
     if not out or not any(out):
         raise InputError(f"{p}: no actions; write one row per rank, e.g. 0F0,0F1,0B0,0B1")
     return tuple(out)
+
+
+def check_csv_counts(
+    path: str | Path, *, ranks: int | None, microbatches: int | None, stages_per_rank: int | None
+) -> None:
+    """A CSV schedule sets its own counts: refuse options that say otherwise (given ones that
+    agree with the file are fine)."""
+    acts = load_csv_schedule(path)
+    n_ranks = len(acts)
+    n_stages = max(a.stage for row in acts for a in row) + 1
+    has = {
+        "--ranks": (ranks, n_ranks),
+        "--microbatches": (microbatches, max(a.microbatch for row in acts for a in row) + 1),
+        "--stages-per-rank": (stages_per_rank, n_stages / n_ranks),
+    }
+    for flag, (given, own) in has.items():
+        if given is not None and given != own:
+            raise InputError(
+                f"{flag} {given}, but the CSV schedule {path} has {own:g}; leave {flag} out "
+                "(the file sets it)"
+            )
 
 
 def synth_profile(opts: SynthOptions) -> Profile:

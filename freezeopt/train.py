@@ -65,6 +65,7 @@ from freezeopt.schedule import (
     Schedule,
     check_phase_flags,
     dump_schedule,
+    group_lists,
     load_schedule,
     schedule_sha256,
 )
@@ -339,9 +340,10 @@ def check_schedule_fits(
         "microbatches": (sp.n_microbatches, job.microbatches),
         "stage-to-rank map": (list(sp.stage_to_rank), list(plan.stage_rank)),
     }
-    if groups is not None and len(sp.groups) == plan.n_stages:
-        for s, mine in enumerate(sp.groups):
-            want[f"stage {s}'s group list"] = (list(mine), [g for g, _ in groups[s]])
+    if groups is not None:
+        want.update(
+            group_lists(schedule, [[g for g, _ in groups[s]] for s in range(plan.n_stages)])
+        )
     for what, (a, b) in want.items():
         if a != b:
             raise MismatchError(

@@ -66,13 +66,9 @@ def solve_file(
     """Solve a profile; write the schedule to `out` when given."""
     check_phase_flags(phases.warmup_steps, phases.full_update_every)
     if out is not None:
-        check_output_file(out, "-o")
-        if Path(out).resolve() == Path(profile_path).resolve():
-            raise InputError(
-                f"-o {out} is the profile being solved; write the schedule to another file"
-            )
+        check_output_file(out, "-o", inputs=(Path(profile_path),))
     if opts.write_model is not None:
-        check_output_file(opts.write_model, "--write-model")
+        check_output_file(opts.write_model, "--write-model", inputs=(Path(profile_path),))
     profile = load_profile(profile_path)
     dag = build_dag(profile)
     if opts.mode == "heuristic" or opts.fallback == "heuristic":
@@ -201,7 +197,8 @@ def simulate_files(
     steps as they ran.
     """
     if gantt is not None:
-        check_output_file(gantt, "--gantt")
+        inputs = (Path(schedule_path), Path(profile_path), *([Path(measured)] if measured else []))
+        check_output_file(gantt, "--gantt", inputs=inputs)
     profile = load_profile(profile_path)
     sched = load_schedule(schedule_path)
     warnings = check_fits(sched, profile, profile_sha256=profile_sha256(profile))

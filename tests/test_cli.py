@@ -168,12 +168,13 @@ def test_a_milp_that_keeps_its_start_still_has_the_lp_bound(
         (["synth", "-o", "{t}"], 2, "is a folder; name a file"),
         (["synth", "--stages-per-rank", "0", "-o", "{t}/x.json"], 2, "must be at least 1 \\(got 0"),
         (
-            ["synth", "--schedule", "examples/zb-2ranks.csv", "--ranks", "2", "-o", "{t}/x.json"],
+            ["synth", "--schedule", "examples/zb-2ranks.csv", "--ranks", "4", "-o", "{t}/x.json"],
             2,
-            "a CSV schedule sets its own ranks",
+            r"--ranks 4, but the CSV schedule examples/zb-2ranks\.csv has 2; leave --ranks out",
         ),
-        (["train", "tiny-gpt", "--steps", "2", "--out-dir", "{p}"], 2, "is a file, not a folder"),
-        (["compare", "tiny-gpt", "-o", "{p}"], 2, "is a file, not a folder"),
+        (["train", "tiny-gpt", "--steps", "2", "--out-dir", "{p}"], 2, "is not a folder"),
+        (["compare", "tiny-gpt", "-o", "{p}"], 2, "is not a folder"),
+        (["simulate", "{t}/s.yaml", "-p", "{p}", "--gantt", "{t}/s.yaml"], 2, "is an input of"),
         (["compare", "tiny-gpt", "--warmup-steps", "-1"], 2, "--warmup-steps must not be neg"),
     ],
 )
@@ -288,11 +289,12 @@ def test_unwritable_output_is_a_clear_error_before_the_solve(tmp_path: Path, pro
     blocker = d / "file"
     blocker.write_text("x")
     cases = [
-        (["-o", str(blocker / "s.yaml")], f"error: -o {blocker / 's.yaml'}: {blocker} is a file"),
+        (["-o", str(blocker / "s.yaml")], f"error: -o {blocker / 's.yaml'}: {blocker} is not a"),
         (["-o", str(d)], f"error: -o {str(d)!r} is a folder; name a file"),
         (["-o", ""], "error: -o '.' is a folder; name a file"),
-        (["-o", str(profile)], f"error: -o {profile} is the profile being solved"),
+        (["-o", str(profile)], f"error: -o {profile} is an input of this command"),
         (["--write-model", str(d)], "error: --write-model"),
+        (["--write-model", str(profile)], f"error: --write-model {profile} is an input"),
         (["--warmup-steps", "-1", "-o", str(d / "s.yaml")], "error: --warmup-steps must"),
         (["--full-update-every", "-5"], "error: --full-update-every must not be negative"),
     ]
@@ -303,6 +305,27 @@ def test_unwritable_output_is_a_clear_error_before_the_solve(tmp_path: Path, pro
         assert len(r.stderr.splitlines()) == 1
     assert [p.name for p in d.iterdir()] == ["file"], "nothing written"
     assert profile.read_bytes() == before
+
+
+def test_an_output_folder_without_write_permission_is_refused_first(
+    tmp_path: Path, profile: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a user without the permission (faked: as root `os.access` always grants it)."""
+    import os
+
+    real = os.access
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
+    r = run("solve", profile, "-o", locked / "new" / "s.yaml")
+    assert r.exit_code == 2
+    assert r.stderr == (
+        f"error: -o {locked / 'new' / 's.yaml'}: cannot create files in {locked} "
+        "(permission denied)\n"
+    )
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")  # a broken link is not a folder
+    r = run("train", "tiny-gpt", "--steps", "2", "--out-dir", tmp_path / "gone")
+    assert r.exit_code == 2 and "is not a folder (a file or a broken link)" in r.stderr
 
 
 def test_every_command_has_help_with_an_example() -> None:

@@ -85,6 +85,12 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     with pytest.raises(InputError) as e:
         load_job(bad)
     assert "not valid YAML" in one_line(e)
+    bad.write_text("\n# nothing but a comment\n")
+    with pytest.raises(InputError) as e:
+        load_job(bad)
+    assert one_line(e).endswith(
+        "is empty; a job spec is a YAML mapping (e.g. `name: my-job`; docs/profiling.md lists the fields)"
+    )
 
 
 def test_replace_job_validates() -> None:

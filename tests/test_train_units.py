@@ -65,9 +65,12 @@ def test_checkpoints_are_complete_only_with_meta_and_pruned(tmp_path: Path) -> N
     assert last is not None and last.step == 9 and last.meta["job"] == {"lr": 0.1}
     assert torch.equal(ckpt.load_rank_state(last.path, 1)["w"], torch.full((2,), 9))
     assert not list(last.path.glob("*.tmp"))  # written through a temporary file and a rename
-    umask = os.umask(0)
-    os.umask(umask)
-    assert (last.path / "rank0.pt").stat().st_mode & 0o777 == 0o666 & ~umask, "not mkstemp's 0600"
+    umask = os.umask(0o022)
+    try:
+        new, _ = ckpt.save_rank_state(tmp_path / "elsewhere", 1, 0, {"step": 1})
+        assert new.stat().st_mode & 0o777 == 0o644, "the umask's mode, not mkstemp's 0600"
+    finally:
+        os.umask(umask)
     removed = ckpt.prune_checkpoints(root, keep=2)
     assert [p.name for p in removed] == ["step-00000002"]
     assert sorted(p.name for p in root.iterdir()) == [
@@ -78,8 +81,11 @@ def test_checkpoints_are_complete_only_with_meta_and_pruned(tmp_path: Path) -> N
     ckpt.check_meta(last, {"job": {"lr": 0.1}})
     with pytest.raises(MismatchError, match=r"another job setting, lr \(0\.1 there, 0\.2 now\)"):
         ckpt.check_meta(last, {"job": {"lr": 0.2}})
-    with pytest.raises(MismatchError, match=r"another job setting, seed \(None there, 9 now\)"):
+    with pytest.raises(MismatchError, match=r"another job setting, seed \(no value there, 9 now\)"):
         ckpt.check_meta(last, {"job": {"lr": 0.1, "seed": 9}})
+    # a field the checkpoint lacks, now None (a job field added since, say)
+    with pytest.raises(MismatchError, match=r"another job setting, extra \(no value there, None"):
+        ckpt.check_meta(last, {"job": {"lr": 0.1, "extra": None}})
     # the schedule's hash covers the phase overrides, which a resume without them changes
     with pytest.raises(MismatchError, match=r"another schedule sha256 \(the schedule file with "):
         ckpt.check_meta(last, {"schedule_sha256": "abc"})
