@@ -164,6 +164,17 @@ def test_a_milp_that_keeps_its_start_still_has_the_lp_bound(
         (["simulate", "{t}/s.yaml", "--profile", "{t}/s.yaml"], 2, r"s\.yaml: not a profile \("),
         (["simulate", "{t}/s.yaml", "-p", "{p}", "--gantt", "{t}"], 2, "is a folder; name a file"),
         (["synth", "--forward-ms", "nan", "-o", "{t}/x.json"], 2, "--forward-ms must be a finite"),
+        (["solve", "{p}", "--time-limit", "inf"], 2, "--time-limit must be a positive, finite"),
+        (
+            ["profile", "tiny-gpt", "--steps", "0", "-o", "{t}/x.json"],
+            2,
+            "--steps must be at least",
+        ),
+        (
+            ["profile", "tiny-gpt", "--warmup", "0", "-o", "{t}/x.json"],
+            2,
+            "--warmup must be at least",
+        ),
         (["synth", "--lag-ms", "inf", "-o", "{t}/x.json"], 2, "--lag-ms must be a finite"),
         (["synth", "-o", "{t}"], 2, "is a folder; name a file"),
         (["synth", "--stages-per-rank", "0", "-o", "{t}/x.json"], 2, "must be at least 1 \\(got 0"),

@@ -354,3 +354,16 @@ def test_solve_pauses_the_collector_and_restores_it(
         assert seen == [False, False] and gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_seconds_in_messages_keep_what_matters() -> None:
+    """A floor of 4 ms read "0.0 s" next to a 10 ms limit ("it takes 0.0 s … leaves 0.0 s")."""
+    from freezeopt.solve import _secs
+
+    assert [_secs(s) for s in (0.0043, 0.25, 3.21, 40.4, 268.0)] == [
+        "0.004 s",
+        "0.2 s",
+        "3.2 s",
+        "40 s",
+        "268 s",
+    ]
