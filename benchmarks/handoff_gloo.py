@@ -45,7 +45,10 @@ def main() -> None:
                 ops = [dist.P2POp(dist.isend, x, 1), dist.P2POp(dist.irecv, gy, 1)]
                 for w in dist.batch_isend_irecv(ops):
                     w.wait()
-                _busy(14.0, a) if sender == "computes" else time.sleep(0.014)
+                if sender == "computes":  # as rank 0 would start its backward
+                    _busy(14.0, a)
+                else:  # the control: rank 0 idle, so the cores are free
+                    time.sleep(0.014)
             else:
                 _busy(10.0, a)
                 gy, x = torch.randn(NUMEL), torch.empty(NUMEL)
