@@ -20,7 +20,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from freezeopt.compare import (  # noqa: E402
+from freezeopt.compare.policies import Policy  # noqa: E402
+from freezeopt.compare.run import (  # noqa: E402
     CompareOptions,
     CompareReport,
     compare_job,
@@ -30,8 +31,7 @@ from freezeopt.compare import (  # noqa: E402
 )
 from freezeopt.errors import FreezeoptError  # noqa: E402
 from freezeopt.fileio import atomic_write_text  # noqa: E402
-from freezeopt.job import load_job, replace_job  # noqa: E402
-from freezeopt.policies import Policy  # noqa: E402
+from freezeopt.torchpp.job import load_job, replace_job  # noqa: E402
 
 CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("tiny-gpt-1f1b", "tiny-gpt", {}),

@@ -4,8 +4,8 @@
 pure Python: in a thread of the rank it holds the GIL that the rank's training loop needs between
 torch calls. This measures the cost, side by side in one run: a training-like loop (one torch
 thread; 20 forward/backward passes of a 64×64 matmul per iteration) runs alone, then while the same
-re-plan (`freezeopt.replan.replan` of a synthetic 1F1B profile, heuristic, solved by the schedule's
-options) runs in a thread, then while it runs in `freezeopt.solver_process.ReplanWorker` (what
+re-plan (`freezeopt.training.replan.replan` of a synthetic 1F1B profile, heuristic, solved by the schedule's
+options) runs in a thread, then while it runs in `freezeopt.training.replan_worker.ReplanWorker` (what
 `freezeopt train` uses). Columns: loop iterations per second while the solve runs, the median,
 mean, 99th percentile and longest iteration, and the solve's own seconds.
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from bench_solver import synthetic_profile  # noqa: E402  (beside this script)
 
 from freezeopt.fileio import atomic_write_text  # noqa: E402
-from freezeopt.launch import load_avg  # noqa: E402
+from freezeopt.torchpp.launch import load_avg  # noqa: E402
 
 
 def loop_while(busy: Callable[[], bool], limit: int | None = None) -> dict[str, float]:
@@ -66,12 +66,12 @@ def _load(v: tuple[float, float, float] | None) -> str:
 
 def problem(size: str, tmp: Path) -> tuple[Any, Any, dict[str, float]]:
     """A re-plan request: spec, schedule, and measured costs with every 8th stage 5 % dearer."""
-    from freezeopt.dag import build_dag
-    from freezeopt.profile_file import profile_sha256, save_profile
-    from freezeopt.replan import ReplanSpec
-    from freezeopt.schedule import Drift, Phases
-    from freezeopt.solve import SolveOptions
-    from freezeopt.workflow import solve_file
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.profile import profile_sha256, save_profile
+    from freezeopt.formats.schedule import Drift, Phases
+    from freezeopt.model.dag import build_dag
+    from freezeopt.solver import SolveOptions
+    from freezeopt.training.replan import ReplanSpec
 
     stages, mb = (int(v) for v in size.split("x"))
     prof = synthetic_profile("1F1B", stages, mb, 4)
@@ -93,8 +93,8 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from freezeopt.replan import replan
-    from freezeopt.solver_process import ReplanWorker
+    from freezeopt.training.replan import replan
+    from freezeopt.training.replan_worker import ReplanWorker
 
     torch.set_num_threads(1)
     before = load_avg()

@@ -34,13 +34,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from freezeopt.commands import solve_file  # noqa: E402
 from freezeopt.fileio import atomic_write_text  # noqa: E402
-from freezeopt.launch import load_avg  # noqa: E402
-from freezeopt.profile_file import load_profile  # noqa: E402
-from freezeopt.schedule import Drift, Phases, parse_microbatches  # noqa: E402
-from freezeopt.solve import SolveOptions  # noqa: E402
-from freezeopt.train import train_job  # noqa: E402
-from freezeopt.workflow import solve_file  # noqa: E402
+from freezeopt.formats.profile import load_profile  # noqa: E402
+from freezeopt.formats.schedule import Drift, Phases, parse_microbatches  # noqa: E402
+from freezeopt.solver import SolveOptions  # noqa: E402
+from freezeopt.torchpp.launch import load_avg  # noqa: E402
+from freezeopt.training.train import train_job  # noqa: E402
 
 ARMS = ("kept", "replan")
 

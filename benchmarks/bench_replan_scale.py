@@ -1,6 +1,6 @@
 """Re-plan solve time at scale: a run's re-plans re-solving one warm LP, against cold solves.
 
-No training here: the solve of an online re-plan (`freezeopt.replan.replan`, what rank 0 runs in
+No training here: the solve of an online re-plan (`freezeopt.training.replan.replan`, what rank 0 runs in
 the background during `freezeopt train`) on synthetic profiles, fed "measured" costs that drift
 the way a run's do. Re-plan r sees the profile's action costs with the stages s where
 `s % 8 == r % 8` 5 % dearer, so from one re-plan to the next 2 × S/8 stages change by 5 %. Each
@@ -16,7 +16,7 @@ step time, and the LP bound of both (they must agree: the warm re-solve is exact
 
 A third arm, `short`, re-plans the same costs with a short time limit (`--short-limit`, 2 s;
 what `freezeopt train --replan-time-limit 2` does): from 32×128 the LP does not fit in it, and
-the re-plan answers without it (the first-order relaxation and the search, `freezeopt.relax`).
+the re-plan answers without it (the first-order relaxation and the search, `freezeopt.solver.relax`).
 Its plan's gap is against the warm arm's LP bound (exact for the same costs).
 
 Usage: .venv/bin/python benchmarks/bench_replan_scale.py [--cases 1F1B:32x128,...] [--replans 4]
@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 from bench_solver import synthetic_profile  # noqa: E402  (beside this script)
 
 from freezeopt.fileio import atomic_write_text  # noqa: E402
-from freezeopt.launch import load_avg  # noqa: E402
-from freezeopt.lp_fast import LpAnswer, LpCache  # noqa: E402
+from freezeopt.solver.lp_arrays import LpAnswer, LpCache  # noqa: E402
+from freezeopt.torchpp.launch import load_avg  # noqa: E402
 
 DEFAULT_CASES = "1F1B:8x64,1F1B:32x128,Interleaved1F1B:32x128,ZBVZeroBubble:32x128"
 
@@ -89,12 +89,12 @@ def run_case(
 ) -> list[dict]:
     import dataclasses
 
-    from freezeopt.dag import build_dag
-    from freezeopt.profile_file import profile_sha256, save_profile
-    from freezeopt.replan import ReplanSpec, replan
-    from freezeopt.schedule import Drift, Phases
-    from freezeopt.solve import SolveOptions
-    from freezeopt.workflow import solve_file
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.profile import profile_sha256, save_profile
+    from freezeopt.formats.schedule import Drift, Phases
+    from freezeopt.model.dag import build_dag
+    from freezeopt.solver import SolveOptions
+    from freezeopt.training.replan import ReplanSpec, replan
 
     prof = synthetic_profile(name, stages, mb, groups)
     path = work / f"{name}-{stages}x{mb}.json"

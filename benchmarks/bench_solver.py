@@ -9,14 +9,14 @@
 
 Sections (issue 6, item 4):
 
-1. the exact `lp` side by side, in one run: the array-built LP (`freezeopt.lp_fast`, what
+1. the exact `lp` side by side, in one run: the array-built LP (`freezeopt.solver.lp_arrays`, what
    `--solver highs` runs) cold and warm (re-solved after a 5 % change in some stages' costs), the
    `heuristic` mode on it, and the plain PuLP LP with HiGHS and with CBC where it fits in its
    timeout; 8×64 … 64×256 (stages × microbatches), 1F1B, Interleaved1F1B and ZBVZeroBubble, 4 and
    8 groups per stage;
 2. `milp` at 4×8, 8×32, 16×64 (1F1B) with 4 and 8 groups per stage, CBC beside HiGHS, and the
    `heuristic` mode at the same sizes;
-3. TimelyFreeze's dense LP (`freezeopt.timelyfreeze`) beside our `lp` on the same
+3. TimelyFreeze's dense LP (`freezeopt.compare.timelyfreeze`) beside our `lp` on the same
    one-group-per-stage profile, where the dense matrix fits;
 4. the issue's targets, PASS or MISS with the measured number.
 
@@ -109,7 +109,7 @@ TARGET_MILP: dict[str, Any] = {"size": (16, 64), "groups": 8, "gap": 0.005, "sec
 
 
 def _relax_share() -> float:
-    from freezeopt.solve import RELAX_SHARE
+    from freezeopt.solver.time_limits import RELAX_SHARE
 
     return RELAX_SHARE
 
@@ -164,7 +164,7 @@ class _SolverPeak(threading.Thread):
 def synthetic_profile(schedule: str, stages: int, mb: int, groups: int) -> Any:
     """The benchmarks' synthetic profile: seed 0, 2 gradient-trace steps, two stages per rank for
     multi-stage schedules, other `freezeopt synth` options default."""
-    from freezeopt.synth import SynthOptions, synth_profile
+    from freezeopt.profiling.synth import SynthOptions, synth_profile
 
     spr = 2 if schedule in MULTI_STAGE else 1
     return synth_profile(
@@ -195,15 +195,15 @@ def _perturbed(dag: Any) -> Any:
 def _run_fast(case: dict[str, Any], profile: Any, dag: Any) -> dict[str, Any]:
     """The array-built LP cold, then warm after a cost change, then (optionally) cold on the new
     costs to check that the warm answer is the cold one."""
-    from freezeopt.lp_fast import FastLP
-    from freezeopt.sensitivity import estimate_signal
-    from freezeopt.solve import SolveOptions
+    from freezeopt.model.sensitivity import estimate_signal
+    from freezeopt.solver import FreezeProblem, SolveOptions
+    from freezeopt.solver.lp_arrays import FastLP
 
     opts = SolveOptions(**case["opts"])
     sig = estimate_signal(profile, opts.sensitivity)
     t0 = time.perf_counter()
     c0 = time.process_time()
-    lp = FastLP.for_problem(dag, sig, opts)
+    lp = FastLP.for_problem(FreezeProblem(dag, sig, opts))
     a = lp.solve(time_limit=opts.time_limit)
     out: dict[str, Any] = {
         "wall_s": time.perf_counter() - t0,
@@ -233,7 +233,7 @@ def _run_fast(case: dict[str, Any], profile: Any, dag: Any) -> dict[str, Any]:
         "stages_changed": len(range(0, dag.n_stages, WARM_EVERY)),
     }
     if case.get("check_warm"):
-        c = FastLP.for_problem(dag2, sig, opts).solve(time_limit=opts.time_limit)
+        c = FastLP.for_problem(FreezeProblem(dag2, sig, opts)).solve(time_limit=opts.time_limit)
         out["warm"]["cold_lp_bound_ms"] = c.t1
         out["warm"]["cold_signal_dropped"] = c.signal
     return out
@@ -244,8 +244,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     poller = _SolverPeak()
     if case.get("opts", {}).get("solver") == "cbc":  # only CBC runs in a subprocess
         poller.start()
-    from freezeopt.dag import build_dag
-    from freezeopt.profile_file import load_profile
+    from freezeopt.formats.profile import load_profile
+    from freezeopt.model.dag import build_dag
 
     t0 = time.perf_counter()
     profile = load_profile(case["profile"])
@@ -255,19 +255,21 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         "load_s": time.perf_counter() - t0,
     }
     if case["kind"] == "solve":
-        from freezeopt.sensitivity import estimate_signal
-        from freezeopt.solve import SolveOptions, solve
+        from freezeopt.model.sensitivity import estimate_signal
+        from freezeopt.solver import SolveOptions, solve
 
         opts = SolveOptions(**case["opts"])
         sig = estimate_signal(profile, opts.sensitivity)
         if case.get("load_passes"):  # once per process, as a training run's re-plans pay it
-            from freezeopt.solve import load_kernels
+            from freezeopt.solver import load_kernels
 
             load_kernels()
-        if case.get("no_relax"):  # the LP-free path as before freezeopt.relax: rank-load only
-            import freezeopt.solve
+        if case.get(
+            "no_relax"
+        ):  # the LP-free path as before freezeopt.solver.relax: rank-load only
+            import freezeopt.solver.modes
 
-            freezeopt.solve.RELAX_ITERATIONS = 10**12
+            freezeopt.solver.modes.RELAX_ITERATIONS = 10**12
         t1 = time.perf_counter()
         r = solve(dag, sig, opts)
         out.update(
@@ -286,23 +288,25 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     elif case["kind"] == "fast":
         out.update(_run_fast(case, profile, dag))
     elif case["kind"] == "plain":
-        from freezeopt.sensitivity import estimate_signal
-        from freezeopt.solve import SolveOptions, _Model
+        from freezeopt.model.sensitivity import estimate_signal
+        from freezeopt.solver import FreezeProblem, SolveOptions
+        from freezeopt.solver.problem import Spent
+        from freezeopt.solver.pulp_model import PulpModel
 
         opts = SolveOptions(**case["opts"])
         sig = estimate_signal(profile, opts.sensitivity)
         t1 = time.perf_counter()
-        model = _Model(dag, sig, opts)
-        lp1, plan = model.solve_lp_pulp(t1 + opts.time_limit, write=None)
+        problem, spent = FreezeProblem(dag, sig, opts), Spent()
+        lp1, plan = PulpModel(problem, spent).solve_lp(t1 + opts.time_limit, write=None)
         out.update(
             wall_s=time.perf_counter() - t1,
             status="optimal",
             lp_bound_ms=lp1,
-            signal_dropped=model.signal_of(plan),
-            timings={"build": model.build_seconds, "solver": model.solver_seconds},
+            signal_dropped=problem.signal_of(plan),
+            timings={"build": spent.build, "solver": spent.solver},
         )
     elif case["kind"] == "dense":
-        from freezeopt.timelyfreeze import solve_timelyfreeze_lp
+        from freezeopt.compare.timelyfreeze import solve_timelyfreeze_lp
 
         rows, cols = _dense_shape(dag)
         est = rows * cols * 8
@@ -432,7 +436,7 @@ class Runner:
     def profile(self, schedule: str, stages: int, mb: int, groups: int) -> Path:
         key = (schedule, stages, mb, groups)
         if key not in self.profiles:
-            from freezeopt.profile_file import save_profile
+            from freezeopt.formats.profile import save_profile
 
             path = self.workdir / f"{schedule}-{stages}x{mb}-g{groups}.json"
             t0 = time.perf_counter()
@@ -839,7 +843,7 @@ def render(
     started: str,
     wall: float,
 ) -> str:
-    from freezeopt.lp_fast import IPM_FROM
+    from freezeopt.solver.lp_arrays import IPM_FROM
 
     m, v = _machine(), _versions()
     L: list[str] = ["# Solver benchmarks", ""]
@@ -880,7 +884,7 @@ def render(
             "All rows of one size come from the same profile (budget 0.1, group cap 0.75, sensitivity "
             "`gns`, no stage cap, single thread). Methods:",
             "",
-            "- **lp, arrays → HiGHS** — `freezeopt.lp_fast.FastLP` (what `solve --mode lp --solver "
+            "- **lp, arrays → HiGHS** — `freezeopt.solver.lp_arrays.FastLP` (what `solve --mode lp --solver "
             "highs` runs): the LP as numpy arrays passed to highspy, implied edges left out, dual "
             "simplex from the crash basis for phase 1 (interior point with crossover from "
             f"{IPM_FROM} actions), primal simplex for phase 2. build s = arrays and model, solve s = both "
@@ -899,10 +903,10 @@ def render(
             "call (about 0.5 s, once per process). The heuristic gives the LP 80 % of its time; "
             "where the LP's build alone would not fit, or the LP by a floor on its solve time "
             "(`LP_SECONDS_PER_PAIR2`), it skips the LP and searches from the "
-            "rank-balanced start (`freezeopt.balance`), status `heuristic_fallback`. LP bound = "
+            "rank-balanced start (`freezeopt.solver.balance`), status `heuristic_fallback`. LP bound = "
             "the bound the solve reports (the rank-load bound, then); gap = (plan − the arrays "
             "row's LP bound) / plan, and in brackets against the solve's own bound. Without the "
-            "LP and with time for it, the first-order relaxation (`freezeopt.relax`) runs for "
+            "LP and with time for it, the first-order relaxation (`freezeopt.solver.relax`) runs for "
             f"{_relax_share():.0%} of the time left, rounding its plan included: its bound "
             "replaces the rank-load bound where higher, and its rounded plan the rank-balanced "
             "start where faster.",
@@ -917,7 +921,7 @@ def render(
                 else []
             ),
             "- **lp, PuLP → HiGHS / CBC** — the plain PuLP model of both phases "
-            "(`_Model.solve_lp_pulp`, as `--solver cbc` runs and as `--solver highs` ran before): "
+            "(`PulpModel.solve_lp`, as `--solver cbc` runs and as `--solver highs` ran before): "
             "build s = PuLP objects, solve s = the solver including PuLP's transfer; check = "
             "relative difference of T and of signal to the array-built LP.",
             "",
@@ -1031,7 +1035,7 @@ def render(
         L += [
             "## 3. TimelyFreeze's dense LP beside our sparse `lp` (1F1B, one group per stage)",
             "",
-            "Dense: `freezeopt.timelyfreeze.solve_timelyfreeze_lp(dag, stage_cap=0.9)` — numpy dense "
+            "Dense: `freezeopt.compare.timelyfreeze.solve_timelyfreeze_lp(dag, stage_cap=0.9)` — numpy dense "
             "constraint rows, then HiGHS through highspy; seconds = that call (build + solve). "
             'Sparse: `solve(dag, …, SolveOptions(mode="lp", budget=1.0, group_cap=1.0, '
             'stage_cap=0.9, sensitivity="flat", solver="highs"))`; seconds = `solve_seconds` '

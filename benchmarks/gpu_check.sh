@@ -2,8 +2,8 @@
 # GPU check of `freezeopt profile`: profile the built-in tiny-gpt job on CUDA (nccl between ranks,
 # CUDA events for action, group and optimizer costs) and print the report.
 #
-# STATUS: UNVERIFIED. Written on a CPU-only machine; the CUDA path (freezeopt/pipeline.py's Clock,
-# freezeopt/launch.py's rank_device and _init_pg, the nccl/one-GPU-per-rank check) has never run. Run this
+# STATUS: UNVERIFIED. Written on a CPU-only machine; the CUDA path (freezeopt/torchpp/pipeline.py's Clock,
+# freezeopt/torchpp/launch.py's rank_device and _init_pg, the nccl/one-GPU-per-rank check) has never run. Run this
 # whenever a GPU is available and record the report (and any failure) in benchmarks/gpu_check.md.
 #
 # Needs a CUDA build of torch 2.13 in the venv, e.g.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from freezeopt.profile import format_report, profile_job
+from freezeopt.profiling.run import format_report, profile_job
 
 if __name__ == "__main__":
     if not torch.cuda.is_available():

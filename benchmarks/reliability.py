@@ -129,8 +129,8 @@ def faults_section(tmp: Path) -> tuple[list[str], bool]:
 
 def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
     from freezeopt.errors import FreezeoptError
-    from freezeopt.job import load_job, replace_job
-    from freezeopt.profile import profile_job
+    from freezeopt.profiling.run import profile_job
+    from freezeopt.torchpp.job import load_job, replace_job
 
     job = replace_job(
         load_job("tiny-gpt"),
@@ -175,7 +175,7 @@ def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
             if fault == "port-in-use":  # the rendezvous port is already bound by someone else
                 import socket
 
-                import freezeopt.launch as launch
+                import freezeopt.torchpp.launch as launch
 
                 taken = socket.socket()
                 taken.bind(("127.0.0.1", 0))
@@ -210,7 +210,7 @@ def _parent_signal(tmp: Path, job: object, sig: int) -> tuple[str, bool, int, fl
 
     import yaml
 
-    from freezeopt.job import replace_job
+    from freezeopt.torchpp.job import replace_job
 
     spec = tmp / "long.yaml"
     spec.write_text(yaml.safe_dump(replace_job(job, measure_steps=10_000).to_dict()))  # type: ignore[arg-type]
@@ -273,14 +273,14 @@ def training_section(tmp: Path, steps: int) -> tuple[list[str], bool]:
     """Real training runs of the built-in job with one fault each (module docstring)."""
     import shutil
 
+    from freezeopt.commands import solve_file
     from freezeopt.errors import FreezeoptError
-    from freezeopt.faults import damage_file
-    from freezeopt.job import load_job
-    from freezeopt.profile import profile_job
-    from freezeopt.schedule import Phases
-    from freezeopt.solve import SolveOptions
-    from freezeopt.train import train_job
-    from freezeopt.workflow import solve_file
+    from freezeopt.formats.schedule import Phases
+    from freezeopt.profiling.run import profile_job
+    from freezeopt.solver import SolveOptions
+    from freezeopt.torchpp.job import load_job
+    from freezeopt.training.faults import damage_file
+    from freezeopt.training.train import train_job
 
     job = load_job("tiny-gpt")
     prof, sched = tmp / "tiny-gpt.json", tmp / "tiny-gpt.yaml"

@@ -3,7 +3,7 @@
 `0F3` is the forward of stage 0 on microbatch 3; `B` is a full backward, `I` the backward with
 respect to the stage's input and `W` the backward with respect to its weights (split-backward
 schedules run `I` and `W` as separate actions). Everything in freezeopt speaks this vocabulary;
-only `freezeopt.torch_pp` translates to and from torch's private `_Action` type.
+only `freezeopt.torchpp.adapter` translates to and from torch's private `_Action` type.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def _overrides(**given: Any) -> dict[str, Any] | None:
 
 
 INTERRUPTED = "error: interrupted (Ctrl-C)"
-"""What Ctrl-C outside a run of ranks prints (`freezeopt.launch` adds that every rank stopped)."""
+"""What Ctrl-C outside a run of ranks prints (`freezeopt.torchpp.launch` adds that every rank stopped)."""
 
 
 def _friendly(fn: F) -> F:
@@ -138,7 +138,7 @@ def profile(
     Example: freezeopt profile tiny-gpt -o profiles/tiny-gpt-1f1b.json
     """
     from freezeopt.errors import InputError
-    from freezeopt.profile import format_report, profile_job
+    from freezeopt.profiling.run import format_report, profile_job
 
     given = dict(
         schedule=schedule, ranks=ranks, stages_per_rank=stages_per_rank,
@@ -231,7 +231,7 @@ def train(
     ] = 10.0,
     fault: Annotated[
         str | None,
-        typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.faults)."),
+        typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.training.faults)."),
     ] = None,
     no_progress: NoProgressOpt = False,
     as_json: Annotated[
@@ -253,7 +253,7 @@ def train(
 
     Example: freezeopt train tiny-gpt --schedule schedules/tiny-gpt-1f1b.yaml --steps 60 --warmup-steps 10
     """
-    from freezeopt.train import format_train_report, train_job
+    from freezeopt.training.train import format_train_report, train_job
 
     overrides = _overrides(
         schedule=pipeline, ranks=ranks, stages_per_rank=stages_per_rank,
@@ -334,7 +334,7 @@ def compare(
 
     Example: freezeopt compare tiny-gpt --policies none,uniform,timelyfreeze,freezeopt --steps 120
     """
-    from freezeopt.compare import CompareOptions, compare_job, format_compare
+    from freezeopt.compare.run import CompareOptions, compare_job, format_compare
     from freezeopt.errors import InputError
 
     try:
@@ -354,7 +354,7 @@ def compare(
 
 
 def _job_name(job: str) -> str:
-    from freezeopt.job import load_job
+    from freezeopt.torchpp.job import load_job
 
     return load_job(job).name
 
@@ -400,8 +400,8 @@ def synth(
 
     Example: freezeopt synth --schedule ZBVZeroBubble --ranks 8 --microbatches 32 -o profiles/zbv.json
     """
-    from freezeopt.synth import SynthOptions, check_csv_counts
-    from freezeopt.workflow import synth_file
+    from freezeopt.commands import synth_file
+    from freezeopt.profiling.synth import SynthOptions, check_csv_counts
 
     if schedule.lower().endswith(".csv"):
         check_csv_counts(
@@ -489,9 +489,9 @@ def solve_cmd(
 
     Example: freezeopt solve profiles/tiny-gpt-1f1b.json --budget 0.1 -o schedules/tiny-gpt-1f1b.yaml
     """
-    from freezeopt.schedule import Phases
-    from freezeopt.solve import SolveOptions
-    from freezeopt.workflow import solve_file
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.schedule import Phases
+    from freezeopt.solver import SolveOptions
 
     opts = SolveOptions(
         mode=mode, solver=solver, budget=budget, group_cap=group_cap, stage_cap=stage_cap,  # type: ignore[arg-type]
@@ -527,7 +527,7 @@ def solve_cmd(
         return
     gain = r.baseline_ms - r.predicted_ms
     room = r.baseline_ms - r.lp_bound_ms
-    # without the LP the bound is one of freezeopt.balance's or freezeopt.relax's (notes say which)
+    # without the LP the bound is one of freezeopt.solver.balance's or freezeopt.solver.relax's (notes say which)
     no_lp = not r.bound_from_lp
     what = "bound (no LP)" if no_lp else "LP bound"
     lines = [
@@ -571,7 +571,7 @@ def simulate(
 
     Example: freezeopt simulate schedules/x.yaml --profile profiles/x.json --gantt out/x.png
     """
-    from freezeopt.workflow import simulate_files
+    from freezeopt.model.timelines import simulate_files
 
     rep = simulate_files(schedule, profile, gantt=gantt, measured=measured)
     for w in rep.warnings:
@@ -617,7 +617,7 @@ def validate(
 
     Example: freezeopt validate schedules/x.yaml --profile profiles/x.json
     """
-    from freezeopt.workflow import validate_files
+    from freezeopt.commands import validate_files
 
     sched, warnings = validate_files(schedule, profile)
     for w in warnings:
@@ -636,8 +636,8 @@ def schema(
     Example: freezeopt schema schedule > schema/schedule.v1.json
     """
     from freezeopt.errors import InputError
-    from freezeopt.profile_file import profile_json_schema
-    from freezeopt.schedule import schedule_json_schema
+    from freezeopt.formats.profile import profile_json_schema
+    from freezeopt.formats.schedule import schedule_json_schema
 
     makers = {"profile": profile_json_schema, "schedule": schedule_json_schema}
     if kind not in makers:
@@ -659,7 +659,7 @@ _OUTPUT_ERRORS = {errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBI
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the process's edge, so where its collector thresholds are set
-    (`freezeopt.solve.solve` also pauses the collector while it runs) and where a usage error
+    (`freezeopt.solver.modes.solve` also pauses the collector while it runs) and where a usage error
     (a missing option, a value of the wrong type) becomes one line, as every other user error
     does, rather than click's usage block."""
     gc.set_threshold(*GC_THRESHOLD)

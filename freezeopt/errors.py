@@ -9,10 +9,10 @@ from __future__ import annotations
 __all__ = [
     "EXIT_CODES",
     "FreezeoptError",
-    "InfeasibleError",
     "InputError",
     "LpUnsolved",
     "MismatchError",
+    "RankFailedError",
     "SolverError",
     "StoppedError",
 ]
@@ -28,12 +28,6 @@ class InputError(FreezeoptError):
     """A file or option is missing, malformed, of the wrong version or inconsistent."""
 
     exit_code = 2
-
-
-class InfeasibleError(FreezeoptError):
-    """The budget and caps cannot all hold."""
-
-    exit_code = 3
 
 
 class MismatchError(FreezeoptError):
@@ -53,6 +47,16 @@ class LpUnsolved(SolverError):
     to answer without it where the options do not already (`--fallback heuristic`)."""
 
 
+class RankFailedError(FreezeoptError):
+    """A rank crashed or hung; every rank was stopped. `rank` is the first rank that failed and
+    `cause` its error, as the rank reported it."""
+
+    def __init__(self, message: str, *, rank: int, cause: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.cause = cause
+
+
 class StoppedError(FreezeoptError):
     """freezeopt was asked to stop (SIGTERM, SIGHUP, Ctrl-C) and stopped its rank processes.
 
@@ -68,7 +72,6 @@ EXIT_CODES = {
     0: "success",
     1: "other user error",
     2: "bad input: missing, malformed, wrong-version or inconsistent file or option",
-    3: "infeasible: budget and caps cannot all hold",
     4: "schedule does not fit the profile or job",
     5: "solver missing, failed, or stopped without a solution",
     129: "stopped by SIGHUP (every rank process stopped first)",

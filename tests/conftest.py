@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from freezeopt.dag import PipelineDag, build_dag
-from freezeopt.profile_file import Profile
-from freezeopt.sensitivity import estimate_signal
-from freezeopt.solve import SolveOptions, _Model
-from freezeopt.synth import SynthOptions, synth_profile
+from freezeopt.formats.profile import Profile
+from freezeopt.model.dag import PipelineDag, build_dag
+from freezeopt.model.sensitivity import estimate_signal
+from freezeopt.profiling.synth import SynthOptions, synth_profile
+from freezeopt.solver import FreezeProblem, SolveOptions
 
 SHAPES = [
     ("1F1B", 2, 4),
@@ -44,9 +44,9 @@ def small_dag(small_profile: Profile) -> PipelineDag:
     return build_dag(small_profile)
 
 
-def solve_model(profile: Profile, **kw: object) -> tuple[PipelineDag, _Model]:
-    """The DAG of `profile` and the solver's model of it (`freezeopt.solve._Model`) under
+def solve_model(profile: Profile, **kw: object) -> tuple[PipelineDag, FreezeProblem]:
+    """The DAG of `profile` and the solver's problem of it (`freezeopt.solver.FreezeProblem`) under
     `SolveOptions(**kw)`, for tests of the steps inside a solve."""
     opts = SolveOptions(**kw)  # type: ignore[arg-type]
     dag = build_dag(profile)
-    return dag, _Model(dag, estimate_signal(profile, opts.sensitivity), opts)
+    return dag, FreezeProblem(dag, estimate_signal(profile, opts.sensitivity), opts)

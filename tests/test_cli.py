@@ -115,7 +115,7 @@ def test_human_output_without_the_lp_names_its_bound(
     tmp_path: Path, profile: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where the heuristic answers without the LP, the bound it prints is not the LP's."""
-    from freezeopt import solve as solve_mod
+    import freezeopt.solver.modes as solve_mod
 
     monkeypatch.setattr(solve_mod, "LP_BUILD_PER_TIMER", 1e12)
     model = tmp_path / "m.lp"
@@ -136,9 +136,9 @@ def test_a_milp_that_keeps_its_start_still_has_the_lp_bound(
 ) -> None:
     """`heuristic_fallback` from `milp` after the LP solved: the bound printed is the LP's, and
     `--write-model` says why it wrote nothing."""
-    from freezeopt import solve as solve_mod
+    from freezeopt.solver.pulp_model import PulpModel
 
-    monkeypatch.setattr(solve_mod._Model, "no_time_for_milp", lambda self, deadline: "no time")
+    monkeypatch.setattr(PulpModel, "no_time_for_milp", lambda self, deadline: "no time")
     model = tmp_path / "m.lp"
     r = run("solve", profile, "--write-model", model)
     assert r.exit_code == 0, r.output
@@ -372,19 +372,19 @@ def test_highs_prints_no_banner(profile: Path, args: list[str]) -> None:
     [
         (
             "profile",
-            "freezeopt.profile",
+            "freezeopt.profiling.run",
             "profile_job",
             ["--schedule", "GPipe", "--ranks", "4", "--steps", "7", "--warmup", "2", "--seed", "3"],
             {"schedule": "GPipe", "ranks": 4, "measure_steps": 7, "warmup_steps": 2, "seed": 3},
         ),
         (
             "train",
-            "freezeopt.train",
+            "freezeopt.training.train",
             "train_job",
             ["--steps", "5", "--pipeline", "1F1B", "--microbatches", "8", "--batch-size", "16"],
             {"schedule": "1F1B", "microbatches": 8, "batch_size": 16},
         ),
-        ("train", "freezeopt.train", "train_job", ["--steps", "5"], None),
+        ("train", "freezeopt.training.train", "train_job", ["--steps", "5"], None),
     ],
 )
 def test_job_overrides_reach_the_library(

@@ -11,14 +11,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import freezeopt.solve as solve_mod
+import freezeopt.solver.pulp_model as pulp_model
+import freezeopt.solver.time_limits as time_limits
 from freezeopt.cli import app
-from freezeopt.dag import build_dag
 from freezeopt.errors import LpUnsolved, SolverError
 from freezeopt.fileio import atomic_write_text
-from freezeopt.lp_fast import FastLP
-from freezeopt.sensitivity import estimate_signal
-from freezeopt.solve import SolveOptions, solve
+from freezeopt.model.dag import build_dag
+from freezeopt.model.sensitivity import estimate_signal
+from freezeopt.solver import SolveOptions, solve
+from freezeopt.solver.lp_arrays import FastLP
 from tests.conftest import make_profile
 
 runner = CliRunner()
@@ -50,7 +51,7 @@ def test_solver_failure_with_and_without_fallback(
 ) -> None:
     p = make_profile(ranks=4, microbatches=8)
     dag = build_dag(p)
-    monkeypatch.setattr(solve_mod, "run_pulp", lambda *a, **k: "no_solution")
+    monkeypatch.setattr(pulp_model, "run_pulp", lambda *a, **k: "no_solution")
     with pytest.raises(SolverError, match="did not solve"):
         solve(dag, estimate_signal(p), SolveOptions(mode="milp"))
     r = solve(dag, estimate_signal(p), SolveOptions(mode="milp", budget=0.1, fallback="heuristic"))
@@ -92,7 +93,7 @@ def test_an_lp_that_highs_cannot_solve_in_time_says_how_to_answer_without_it(
 def test_cli_fallback_writes_a_valid_schedule(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(solve_mod, "run_pulp", lambda *a, **k: "no_solution")
+    monkeypatch.setattr(pulp_model, "run_pulp", lambda *a, **k: "no_solution")
     prof, out = _profile_file(tmp_path), tmp_path / "s.yaml"
     r = runner.invoke(app, ["solve", str(prof), "-o", str(out)])
     assert r.exit_code == 5
@@ -121,8 +122,8 @@ def test_an_lp_that_cannot_fit_the_time_limit_fails_before_it_starts(
     def no_cbc(*a: object, **k: object) -> str:
         raise AssertionError("CBC was started")
 
-    monkeypatch.setattr(solve_mod, "CBC_LP_SECONDS_PER_PAIR2", 1.0)  # 2×4 → 64 s or more
-    monkeypatch.setattr(solve_mod, "run_pulp", no_cbc)
+    monkeypatch.setattr(time_limits, "CBC_LP_SECONDS_PER_PAIR2", 1.0)  # 2×4 → 64 s or more
+    monkeypatch.setattr(pulp_model, "run_pulp", no_cbc)
     prof, out = _profile_file(tmp_path), tmp_path / "s.yaml"
     for mode in ("milp", "lp"):
         r = runner.invoke(app, ["solve", str(prof), "-o", str(out), "--mode", mode])
@@ -137,15 +138,15 @@ def test_an_lp_that_cannot_fit_the_time_limit_fails_before_it_starts(
         )
         assert not out.exists()
     # where HiGHS would most likely not finish either, the hint says how long it takes
-    highs_floor = solve_mod.LP_SECONDS_PER_PAIR2
-    monkeypatch.setattr(solve_mod, "LP_SECONDS_PER_PAIR2", 0.5)  # 2×4 → 32 s or more
+    highs_floor = time_limits.LP_SECONDS_PER_PAIR2
+    monkeypatch.setattr(time_limits, "LP_SECONDS_PER_PAIR2", 0.5)  # 2×4 → 32 s or more
     r = runner.invoke(app, ["solve", str(prof), "--time-limit", "60"])
     assert r.exit_code == 5
     assert (
         "; raise --time-limit (also with --solver highs, far faster on large LPs: 32 s or more);"
         in r.stderr
     )
-    monkeypatch.setattr(solve_mod, "LP_SECONDS_PER_PAIR2", highs_floor)
+    monkeypatch.setattr(time_limits, "LP_SECONDS_PER_PAIR2", highs_floor)
     r = runner.invoke(app, ["solve", str(prof), "--time-limit", "100", "--json"])
     assert str(r.exception) == "CBC was started"  # 64 s fit in 100 s: it is tried
     r = runner.invoke(
@@ -157,7 +158,7 @@ def test_an_lp_that_cannot_fit_the_time_limit_fails_before_it_starts(
     assert any(n.startswith("no time for the LP relaxation: at 2×4") for n in answer["notes"])
     assert runner.invoke(app, ["validate", str(out), "--profile", str(prof)]).exit_code == 0
     # HiGHS has a floor of its own, and the message no hint to switch to it
-    monkeypatch.setattr(solve_mod, "LP_SECONDS_PER_PAIR2", 1.0)
+    monkeypatch.setattr(time_limits, "LP_SECONDS_PER_PAIR2", 1.0)
     p = make_profile(ranks=2, microbatches=4)
     dag, signal = build_dag(p), estimate_signal(p)
     with pytest.raises(

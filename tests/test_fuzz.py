@@ -21,21 +21,14 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from freezeopt.cli import app
-from freezeopt.dag import build_dag
 from freezeopt.errors import EXIT_CODES, FreezeoptError
-from freezeopt.job import load_job
-from freezeopt.profile_file import dump_profile, load_profile
-from freezeopt.schedule import (
-    Phases,
-    check_fits,
-    dump_schedule,
-    load_schedule,
-    schedule_from_result,
-    schedule_plan,
-)
-from freezeopt.sensitivity import estimate_signal
-from freezeopt.simulate import simulate
-from freezeopt.solve import SolveOptions, solve
+from freezeopt.formats.profile import dump_profile, load_profile
+from freezeopt.formats.schedule import Phases, check_fits, dump_schedule, load_schedule
+from freezeopt.model.dag import build_dag, schedule_plan
+from freezeopt.model.sensitivity import estimate_signal
+from freezeopt.model.simulate import simulate
+from freezeopt.solver import SolveOptions, schedule_from_result, solve
+from freezeopt.torchpp.job import load_job
 from tests.conftest import make_profile
 
 EXAMPLES = int(os.environ.get("FREEZEOPT_FUZZ_EXAMPLES", "150"))
@@ -76,7 +69,7 @@ _PROFILE = json.loads(
 
 
 def _schedule_data() -> dict[str, Any]:
-    from freezeopt.profile_file import profile_sha256
+    from freezeopt.formats.profile import profile_sha256
 
     p = make_profile(ranks=2, microbatches=4, groups=2)
     dag = build_dag(p)

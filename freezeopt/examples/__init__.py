@@ -1,7 +1,7 @@
 """Built-in example jobs for `freezeopt profile`: a tiny byte-level GPT on the Python standard library.
 
 `tiny-gpt.yaml` (next to this file) is the built-in job spec; `tiny_gpt` holds its model and data
-functions, which double as a worked example of the `module:function` contract in `freezeopt.job`.
+functions, which double as a worked example of the `module:function` contract in `freezeopt.torchpp.job`.
 """
 
 from __future__ import annotations

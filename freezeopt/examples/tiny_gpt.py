@@ -35,7 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from freezeopt.errors import InputError
-from freezeopt.job import DataParts, ModelParts
+from freezeopt.torchpp.job import DataParts, ModelParts
 
 __all__ = ["GPTStage", "TinyGPTConfig", "build_model", "lm_loss", "stdlib_bytes", "stdlib_files"]
 

@@ -1,0 +1,430 @@
+"""The schedule file (version 1): what `freezeopt solve` writes and teams commit to git.
+
+YAML, `schema_version` first, written deterministically (same inputs → byte-identical file: no
+timestamps, numbers rounded, keys in a fixed order) so `git diff` shows real changes only, and
+validated on load (unknown keys rejected, one clear line per problem). It says which pipeline it
+fits, the training phases the runtime follows, the prediction, and per stage which groups are
+frozen in which microbatches, in a compact form: `blocks.3: 0-2,5` freezes group `blocks.3` of
+that stage in microbatches 0, 1, 2 and 5. `docs/schedule.md` describes every field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+
+from freezeopt.errors import InputError, MismatchError
+from freezeopt.fileio import atomic_write_text, invalid_file, load_yaml_file
+from freezeopt.formats.profile import MAX_MICROBATCHES, MAX_RANKS, Profile
+
+__all__ = [
+    "SCHEDULE_VERSION",
+    "Drift",
+    "Phases",
+    "Realisation",
+    "Schedule",
+    "check_fits",
+    "check_phase_flags",
+    "dump_schedule",
+    "format_microbatches",
+    "group_lists",
+    "load_schedule",
+    "parse_microbatches",
+    "parse_schedule",
+    "pipeline_difference",
+    "save_schedule",
+    "schedule_json_schema",
+    "schedule_sha256",
+]
+
+SCHEDULE_VERSION = 1
+SCHEDULE_MAX_BYTES = 16 * 2**20
+_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
+Share = Annotated[float, Field(ge=0, le=1)]
+NonNeg = Annotated[float, Field(ge=0)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleProvenance:
+    """How the schedule was made."""
+
+    __pydantic_config__ = _CONFIG
+    freezeopt: str
+    """freezeopt version that solved it."""
+    profile_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    """Content hash of the profile it was solved from."""
+    profile_source: str
+    """`measured` or `synth`."""
+    mode: str
+    """`milp`, `lp` or `heuristic`; in `freezeopt compare`'s baselines, the policy's name."""
+    solver: str
+    """`cbc` or `highs`."""
+    status: str
+    """Solver outcome: `optimal`, `time_limit`, `heuristic`, `heuristic_fallback` (or `policy`
+    for `freezeopt compare`'s baselines)."""
+    sensitivity: str
+    """Sensitivity estimator (`gns`, `gns-raw`, `norm`, `numel`, `flat`)."""
+    budget: Share
+    """Largest share of one step's expected progress freezing may drop."""
+    group_cap: Share
+    """Largest share of microbatches in which one group may be frozen."""
+    stage_cap: Share | None = None
+    """Per-stage mean freeze-ratio cap, if used."""
+    tolerance: Share = 0.0
+    """Step-time tolerance of phase 2."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulePipeline:
+    """The pipeline the schedule is valid for; loading it against another is an error."""
+
+    __pydantic_config__ = _CONFIG
+    schedule: str
+    """torch schedule name or `csv:<file>`."""
+    world_size: Annotated[int, Field(ge=1, le=MAX_RANKS)]
+    n_stages: Annotated[int, Field(ge=1, le=MAX_RANKS)]
+    n_microbatches: Annotated[int, Field(ge=1, le=MAX_MICROBATCHES)]
+    stage_to_rank: tuple[Annotated[int, Field(ge=0)], ...]
+    """Rank of each stage."""
+    groups: tuple[tuple[str, ...], ...]
+    """Per stage, its parameter group names."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drift:
+    """Drift rules the runtime applies; on drift it falls back to full updates."""
+
+    __pydantic_config__ = _CONFIG
+    loss_rise: NonNeg = 0.05
+    """Fall back when the loss exceeds its recent trend (the losses of steps where no rule
+    fired) by this relative amount."""
+    grad_norm_spike: NonNeg = 5.0
+    """Fall back when a group's gradient norm exceeds its running median by this factor."""
+    step_time_error: NonNeg = 0.25
+    """Fall back (and flag the schedule as stale) when measured step time is off the prediction by this share."""
+    fallback_steps: Annotated[int, Field(ge=1)] = 20
+    """Steps of full updates after a drift."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Realisation:
+    """How the runtime turns the file into frozen parameters."""
+
+    __pydantic_config__ = _CONFIG
+    kind: Literal["groups", "random_tensors"] = "groups"
+    """`groups`: freeze whole groups as `frozen` lists them (fractional `ratios` are rounded per
+    microbatch with a seeded draw). `random_tensors`: TimelyFreeze's realisation — in microbatch m
+    of stage s, freeze round(r·n) of the stage's n parameter tensors chosen at random, r being the
+    stage's ratio for m in `ratios` (or 1 where `frozen` lists the group)."""
+    redraw_every: Annotated[int, Field(ge=1)] = 10
+    """`random_tensors`: draw a new random choice every this many steps."""
+    rescale: bool = True
+    """Rescale a partly frozen group's gradient by M/(M−k) (TimelyFreeze does not)."""
+    seed: int = 0
+    """Seed of the random draws."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phases:
+    """Training phases the runtime follows."""
+
+    __pydantic_config__ = _CONFIG
+    warmup_steps: Annotated[int, Field(ge=0)] = 100
+    """Full updates for this many optimizer steps before freezing starts."""
+    full_update_every: Annotated[int, Field(ge=0)] = 50
+    """During freezing, one full-update window every this many steps (0: never)."""
+    full_update_steps: Annotated[int, Field(ge=1)] = 1
+    """Length of each full-update window in steps."""
+    drift: Drift = field(default_factory=Drift)
+
+
+def check_phase_flags(warmup_steps: int | None, full_update_every: int | None) -> None:
+    """The command-line phase options (`--warmup-steps`, `--full-update-every`) a schedule can
+    hold: checked where they are given, so that no command writes a file the loaders reject."""
+    if warmup_steps is not None and warmup_steps < 0:
+        raise InputError("--warmup-steps must not be negative")
+    if full_update_every is not None and full_update_every < 0:
+        raise InputError("--full-update-every must not be negative (0: never)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """Simulated step times (ms) and the signal dropped."""
+
+    __pydantic_config__ = _CONFIG
+    baseline_ms: NonNeg
+    """Nothing frozen."""
+    all_frozen_ms: NonNeg
+    """Every freezable group frozen everywhere: the floor."""
+    lp_bound_ms: NonNeg
+    """A lower bound on every plan's step time under the same budget and caps: the LP
+    relaxation's optimum, or, where `bound_from_lp` is false, a bound of the solve's own at or
+    below it (the heuristic's past the LP's reach; the all-frozen floor for the `none`, `uniform`
+    and `stability` policies). `compare`'s `timelyfreeze` policies record TimelyFreeze's own LP."""
+    predicted_ms: NonNeg
+    """This schedule."""
+    gap: Share
+    """(predicted − LP bound) / predicted."""
+    signal_dropped: Share
+    """Share of one step's expected progress this schedule drops."""
+    bound_from_lp: bool | None = None
+    """Whether `lp_bound_ms` is the LP relaxation's optimum (absent in files written before
+    freezeopt recorded it: unknown)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """A whole schedule file."""
+
+    __pydantic_config__ = _CONFIG
+    schema_version: int
+    """File format version; always first."""
+    provenance: ScheduleProvenance
+    pipeline: SchedulePipeline
+    phases: Phases
+    prediction: Prediction
+    frozen: dict[int, dict[str, str | int]]
+    """Per stage, per group: the microbatches in which it is frozen (`0-2,5`)."""
+    ratios: dict[int, dict[str, dict[int, Share]]] = field(default_factory=dict)
+    """`lp` mode only: per stage, group and microbatch, a fraction (0, 1) of the group's weight-gradient work to
+    skip (whole-group freezes are listed under `frozen`)."""
+    realisation: Realisation = field(default_factory=Realisation)
+    """How the runtime realises the plan (defaults: whole groups, rescaled)."""
+
+
+_ADAPTER: TypeAdapter[Schedule] = TypeAdapter(Schedule)
+
+
+def format_microbatches(mbs: list[int] | set[int] | tuple[int, ...]) -> str:
+    """[0, 1, 2, 5] → `0-2,5`."""
+    xs = sorted(set(mbs))
+    parts: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_microbatches(text: str | int, n_microbatches: int) -> tuple[int, ...]:
+    """`0-2,5` → (0, 1, 2, 5); raise ValueError for malformed or out-of-range lists."""
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            raise ValueError(f"empty entry in microbatch list {text!r}")
+        lo_s, sep, hi_s = part.partition("-")
+        if not lo_s.strip().isdigit() or (sep and not hi_s.strip().isdigit()):
+            raise ValueError(f"{part!r} is not a microbatch or range like 3 or 0-2")
+        lo, hi = int(lo_s), int(hi_s) if sep else int(lo_s)
+        if lo > hi:
+            raise ValueError(f"{part!r} runs backwards; write it low-high ({hi}-{lo})")
+        if hi >= n_microbatches:
+            raise ValueError(f"{part!r} is outside microbatches 0..{n_microbatches - 1}")
+        if out & set(range(lo, hi + 1)):
+            raise ValueError(f"microbatch list {text!r} repeats a microbatch")
+        out.update(range(lo, hi + 1))
+    return tuple(sorted(out))
+
+
+def _round(x: Any) -> Any:
+    if isinstance(x, float):
+        return round(x, 4) if abs(x) < 1 else float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_round(v) for v in x]
+    return x
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _flow_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = all(not isinstance(v, dict | list) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+def _flow_dict(dumper: yaml.SafeDumper, data: dict[Any, Any]) -> yaml.Node:
+    flow = bool(data) and all(isinstance(k, int) and isinstance(v, float) for k, v in data.items())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=flow)
+
+
+_Dumper.add_representer(list, _flow_list)
+_Dumper.add_representer(dict, _flow_dict)
+
+
+def dump_schedule(schedule: Schedule) -> str:
+    """Deterministic YAML text of a schedule."""
+    data = _round(asdict(schedule))
+    if not data["ratios"]:
+        del data["ratios"]
+    if data["prediction"]["bound_from_lp"] is None:  # an older file read back: left unsaid
+        del data["prediction"]["bound_from_lp"]
+    header = (
+        "# freezeopt schedule: which parameter groups to freeze in which microbatches.\n"
+        "# Made by `freezeopt solve`; check it with `freezeopt validate`. Format: docs/schedule.md\n"
+    )
+    return header + yaml.dump(
+        data,
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        width=100,
+        allow_unicode=False,
+    )
+
+
+def save_schedule(schedule: Schedule, path: str | Path) -> None:
+    """Write a schedule atomically."""
+    atomic_write_text(Path(path), dump_schedule(schedule))
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    """Read and validate a schedule file (safe YAML: no tags, no code)."""
+    p = Path(path)
+    data = load_yaml_file(
+        p,
+        what="schedule",
+        limit=SCHEDULE_MAX_BYTES,
+        missing_hint=f"make one with `freezeopt solve PROFILE -o {p}`",
+    )
+    return parse_schedule(data, source=str(p))
+
+
+def parse_schedule(data: Any, *, source: str = "schedule") -> Schedule:
+    """Validate decoded YAML as a schedule, including its microbatch lists."""
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{source}: not a freezeopt schedule (expected a mapping with schema_version first)"
+        )
+    if {"actions", "ranks"} <= data.keys() and "frozen" not in data:
+        raise InputError(
+            f"{source} is a profile, not a schedule; make a schedule from it with "
+            f"`freezeopt solve {source} -o SCHEDULE.yaml`"
+        )
+    if data.get("schema_version") is None:
+        raise InputError(
+            f"{source}: not a freezeopt schedule (no schema_version; `freezeopt solve` writes one)"
+        )
+    if data.get("schema_version") != SCHEDULE_VERSION:
+        raise InputError(
+            f"{source}: schedule schema_version {data.get('schema_version')!r} is not supported; this freezeopt "
+            f"reads version {SCHEDULE_VERSION} (re-run `freezeopt solve`)"
+        )
+    try:
+        sched = _ADAPTER.validate_python(data)
+    except ValidationError as e:
+        fields = "`freezeopt schema schedule` and docs/schedule.md"
+        raise invalid_file(source, "schedule", e, fields=fields) from None
+    pipe = sched.pipeline
+    if len(pipe.stage_to_rank) != pipe.n_stages or len(pipe.groups) != pipe.n_stages:
+        raise InputError(
+            f"{source}: pipeline lists {len(pipe.stage_to_rank)} ranks and {len(pipe.groups)} group lists for {pipe.n_stages} stages"
+        )
+    off = [r for r in pipe.stage_to_rank if r >= pipe.world_size]
+    if off:
+        raise InputError(
+            f"{source}: pipeline.stage_to_rank names rank {off[0]}, but world_size is "
+            f"{pipe.world_size} (ranks 0..{pipe.world_size - 1})"
+        )
+    for section, stages in (("frozen", set(sched.frozen)), ("ratios", set(sched.ratios))):
+        for s in sorted(stages):
+            if not 0 <= s < pipe.n_stages:
+                raise InputError(
+                    f"{source}: {section} names stage {s}, but the pipeline has stages 0..{pipe.n_stages - 1}"
+                )
+            names = (
+                set(sched.frozen.get(s, {}))
+                if section == "frozen"
+                else set(sched.ratios.get(s, {}))
+            )
+            for name in sorted(names - set(pipe.groups[s])):
+                raise InputError(
+                    f"{source}: {section}: stage {s} has no group {name!r} (groups: {', '.join(pipe.groups[s])})"
+                )
+    for s, groups in sched.frozen.items():
+        for name, mbs in groups.items():
+            try:
+                parse_microbatches(mbs, pipe.n_microbatches)
+            except ValueError as e:
+                raise InputError(f"{source}: frozen: stage {s} group {name!r}: {e}") from None
+    for s, ratio_groups in sched.ratios.items():
+        for name, per_mb in ratio_groups.items():
+            bad = [m for m in per_mb if not 0 <= m < pipe.n_microbatches]
+            if bad:
+                raise InputError(
+                    f"{source}: ratios: stage {s} group {name!r}: microbatch {bad[0]} is out of range"
+                )
+    return sched
+
+
+def pipeline_difference(schedule: Schedule, profile: Profile) -> tuple[str, Any, Any] | None:
+    """The first way `profile`'s pipeline differs from the one `schedule` was made for, as (what,
+    value in the schedule, value in the profile), or None when they are the same pipeline."""
+    sp, pp = schedule.pipeline, profile.pipeline
+    want = {
+        "schedule": (sp.schedule, pp.schedule),
+        "ranks": (sp.world_size, pp.world_size),
+        "stages": (sp.n_stages, pp.n_stages),
+        "microbatches": (sp.n_microbatches, pp.n_microbatches),
+        "stage-to-rank map": (list(sp.stage_to_rank), [st.rank for st in profile.stages]),
+    }
+    want.update(group_lists(schedule, [[g.name for g in st.groups] for st in profile.stages]))
+    return next(((what, a, b) for what, (a, b) in want.items() if a != b), None)
+
+
+def group_lists(
+    schedule: Schedule, other: Sequence[Sequence[str]]
+) -> dict[str, tuple[list[str], list[str]]]:
+    """Per stage, the schedule's group names beside another pipeline's, keyed as a difference
+    is reported ("stage 1's group list")."""
+    pairs = zip(schedule.pipeline.groups, other, strict=False)
+    return {f"stage {s}'s group list": (list(a), list(b)) for s, (a, b) in enumerate(pairs)}
+
+
+def check_fits(
+    schedule: Schedule, profile: Profile, *, profile_sha256: str | None = None
+) -> list[str]:
+    """Raise MismatchError if the schedule is for another pipeline; return warnings (e.g. another profile)."""
+    diff = pipeline_difference(schedule, profile)
+    if diff is not None:
+        what, a, b = diff
+        raise MismatchError(
+            f"the schedule does not fit this job: {what} is {_short(a)} in the schedule but {_short(b)} in the "
+            f"profile; re-solve with `freezeopt solve` on this job's profile"
+        )
+    warnings = []
+    if profile_sha256 is not None and profile_sha256 != schedule.provenance.profile_sha256:
+        warnings.append(
+            "the schedule was solved from a different profile of this pipeline; its prediction may be stale"
+        )
+    return warnings
+
+
+def _short(v: Any) -> str:
+    s = str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def schedule_sha256(text: str) -> str:
+    """Content hash of a schedule file's text."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def schedule_json_schema() -> dict[str, Any]:
+    """JSON Schema of schedule files (draft-07, usable by yaml-language-server)."""
+    schema = _ADAPTER.json_schema()
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    schema["title"] = "freezeopt schedule, version 1"
+    return schema

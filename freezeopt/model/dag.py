@@ -1,0 +1,294 @@
+"""The pipeline schedule as a DAG (networkx), and the checks that make it trustworthy.
+
+One node per compute action. Edges say what must finish before an action may start:
+
+* program order: consecutive actions on the same rank (a rank runs one action at a time);
+* activations: `F(s, m) → F(s+1, m)`;
+* gradients: the input-gradient action of stage s+1 (its `B`, or its `I` in split schedules)
+  precedes that of stage s, and the last stage's forward precedes its own backward;
+* local dependencies: `F(s, m)` precedes the backward of `(s, m)`, and `I(s, m) → W(s, m)`.
+
+Cross-rank edges carry the profile's point-to-point lag. Only `B` and `W` actions hold
+weight-gradient work, so only they are freezable; each carries its stage's per-group costs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+
+from freezeopt.actions import Action, parse_action
+from freezeopt.errors import InputError
+from freezeopt.formats.profile import Profile
+from freezeopt.formats.schedule import Schedule, parse_microbatches
+
+__all__ = ["PipelineDag", "build_dag", "schedule_plan"]
+
+# Files round to 6 significant digits, so a stage whose groups make up all of an action can sum to a
+# hair more than the action; allow that much.
+_COST_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineDag:
+    """A checked pipeline DAG with everything the simulator and solver need."""
+
+    graph: nx.DiGraph
+    """Nodes are `Action`s; edges carry `lag` (ms)."""
+    order: tuple[Action, ...]
+    """A topological order of all actions (deterministic)."""
+    rank_of: Mapping[Action, int]
+    """The rank that runs each action."""
+    rank_actions: tuple[tuple[Action, ...], ...]
+    """Per rank, its actions in program order."""
+    cost: Mapping[Action, float]
+    """Duration of each action with nothing frozen (ms)."""
+    group_names: tuple[tuple[str, ...], ...]
+    """Per stage, its parameter group names."""
+    group_cost: tuple[tuple[float, ...], ...]
+    """Per stage, per group: weight-gradient ms saved when the group is frozen in one backward."""
+    n_microbatches: int
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.group_names)
+
+    def freezable(self) -> tuple[Action, ...]:
+        """Actions that hold weight-gradient work of at least one group with positive cost, in order."""
+        return tuple(
+            a
+            for a in self.order
+            if a.has_weight_grad and any(c > 0 for c in self.group_cost[a.stage])
+        )
+
+    def durations(
+        self, frozen: Mapping[tuple[Action, int], float] | None = None
+    ) -> dict[Action, float]:
+        """Action durations when group `g` of action `a` is frozen to the extent `frozen[(a, g)]` (0..1)."""
+        d = dict(self.cost)
+        for (a, g), x in (frozen or {}).items():
+            if x:
+                d[a] = max(0.0, d[a] - self.group_cost[a.stage][g] * x)
+        return d
+
+    def all_frozen(self) -> dict[tuple[Action, int], float]:
+        """Every freezable group frozen in every backward: the floor on step time."""
+        return {
+            (a, g): 1.0
+            for a in self.freezable()
+            for g, c in enumerate(self.group_cost[a.stage])
+            if c > 0
+        }
+
+
+def build_dag(profile: Profile) -> PipelineDag:
+    """Build and check the DAG of a profile; raise InputError naming what is inconsistent."""
+    pipe = profile.pipeline
+    n_st, n_mb = pipe.n_stages, pipe.n_microbatches
+    if len(profile.stages) != n_st or [s.stage for s in profile.stages] != list(range(n_st)):
+        raise InputError(
+            f"profile lists stages {[s.stage for s in profile.stages]}; expected 0..{n_st - 1} in order"
+        )
+    if len(profile.ranks) != pipe.world_size or [r.rank for r in profile.ranks] != list(
+        range(pipe.world_size)
+    ):
+        raise InputError(
+            f"profile lists ranks {[r.rank for r in profile.ranks]}; expected 0..{pipe.world_size - 1} in order"
+        )
+
+    rank_of: dict[Action, int] = {}
+    rank_actions: list[tuple[Action, ...]] = []
+    stage_rank: dict[int, int] = {}
+    parsed: dict[str, Action] = {}  # the ranks' action texts, parsed once
+    for rp in profile.ranks:
+        acts = tuple(parse_action(s) for s in rp.actions)
+        parsed.update(zip(rp.actions, acts, strict=True))
+        for a in acts:
+            if a in rank_of:
+                raise InputError(
+                    f"action {a} appears twice ("
+                    + (
+                        f"on rank {rp.rank}"
+                        if rank_of[a] == rp.rank
+                        else f"on ranks {rank_of[a]} and {rp.rank}"
+                    )
+                    + "); each action runs once"
+                )
+            if not (0 <= a.stage < n_st and 0 <= a.microbatch < n_mb):
+                raise InputError(
+                    f"action {a} on rank {rp.rank} is outside {n_st} stages × {n_mb} microbatches"
+                )
+            if stage_rank.setdefault(a.stage, rp.rank) != rp.rank:
+                raise InputError(
+                    f"stage {a.stage} runs on ranks {stage_rank[a.stage]} and {rp.rank}; a stage lives on one rank"
+                )
+            rank_of[a] = rp.rank
+        rank_actions.append(acts)
+    for st in profile.stages:
+        if stage_rank.get(st.stage, st.rank) != st.rank:
+            raise InputError(
+                f"stage {st.stage} is declared on rank {st.rank} but its actions run on rank {stage_rank[st.stage]}"
+            )
+
+    # Actions are numbered in the order of the ranks' lists and found by their fields: tuples and
+    # ints hash in C, `Action`s in Python. The edges and the step order are worked out on numbers;
+    # networkx gets the ranks' own `Action` objects (it hashes each edge's ends several times, and
+    # an equal but distinct object costs an `__eq__` as well).
+    nodes = list(rank_of)
+    act: dict[tuple[int, str, int], int] = {
+        (a.stage, a.kind, a.microbatch): i for i, a in enumerate(nodes)
+    }
+    _check_complete(act, n_st, n_mb)
+
+    cost: dict[Action, float] = {}
+    for ac in profile.actions:
+        a = parsed.get(ac.action) or parse_action(ac.action)
+        if a not in rank_of:
+            raise InputError(f"profile has a cost for {a}, which no rank runs")
+        cost[a] = ac.cost_ms.median
+    missing = [str(a) for a in rank_of if a not in cost]
+    if missing:
+        raise InputError(
+            f"profile has no cost for {len(missing)} action(s), e.g. {', '.join(sorted(missing)[:3])}"
+        )
+
+    group_names = tuple(tuple(g.name for g in st.groups) for st in profile.stages)
+    group_cost = tuple(tuple(g.weight_grad_ms.median for g in st.groups) for st in profile.stages)
+    cheapest: dict[int, Action] = {}  # per stage, its cheapest weight-gradient action
+    for a in rank_of:
+        if a.has_weight_grad:
+            was = cheapest.get(a.stage)
+            if was is None or cost[a] < cost[was]:
+                cheapest[a.stage] = a
+    for s, names in enumerate(group_names):
+        if len(set(names)) != len(names):
+            raise InputError(
+                f"stage {s} has duplicate group names; group names must be unique per stage"
+            )
+        total = sum(group_cost[s])
+        low = cheapest.get(s)
+        if low is not None and total > cost[low] * (1 + _COST_TOLERANCE) + 1e-9:
+            raise InputError(
+                f"stage {s}: group weight-gradient costs sum to {total:.4g} ms, more than action {low} takes "
+                f"({cost[low]:.4g} ms); re-measure the profile"
+            )
+
+    lag: dict[tuple[int, int, str], float] = {
+        (lg.src_stage, lg.dst_stage, lg.kind): lg.ms.median for lg in profile.lags
+    }
+    stage = [a.stage for a in nodes]
+    edges: list[tuple[int, int, float]] = []
+
+    def edge(u: int, v: int, kind: str) -> None:
+        su, sv = stage[u], stage[v]
+        cross = stage_rank[su] != stage_rank[sv]
+        edges.append((u, v, lag.get((su, sv, kind), 0.0) if cross else 0.0))
+
+    first = 0
+    for acts in rank_actions:
+        edges.extend((u, u + 1, 0.0) for u in range(first, first + len(acts) - 1))
+        first += len(acts)
+    for m in range(n_mb):
+        for s in range(n_st):
+            f = act[(s, "F", m)]
+            bin_ = act.get((s, "B", m))
+            if bin_ is None:
+                bin_ = act[(s, "I", m)]
+            if s + 1 < n_st:
+                edge(f, act[(s + 1, "F", m)], "F")
+                up = act.get((s + 1, "B", m))
+                edge(act[(s + 1, "I", m)] if up is None else up, bin_, "B")
+            edge(f, bin_, "F")
+            if nodes[bin_].kind == "I":
+                edge(bin_, act[(s, "W", m)], "B")
+    g = nx.DiGraph()
+    g.add_nodes_from(nodes)
+    # in this order: each action's predecessors keep it
+    g.add_edges_from((nodes[u], nodes[v], {"lag": w}) for u, v, w in edges)
+
+    order = _step_order(nodes, edges)
+    if len(order) < len(nodes):
+        cycle = nx.find_cycle(g)
+        path = " → ".join(str(u) for u, _ in cycle) + f" → {cycle[-1][1]}"
+        raise InputError(
+            f"the schedule deadlocks: cycle {path}; fix the action order of the ranks involved"
+        )
+    return PipelineDag(
+        graph=g,
+        order=tuple(nodes[i] for i in order),
+        rank_of=rank_of,
+        rank_actions=tuple(rank_actions),
+        cost=cost,
+        group_names=group_names,
+        group_cost=group_cost,
+        n_microbatches=n_mb,
+    )
+
+
+def _step_order(nodes: list[Action], edges: list[tuple[int, int, float]]) -> list[int]:
+    """The topological order that always takes the ready action of the lowest (microbatch,
+    stage, kind) next (what `nx.lexicographical_topological_sort` gives with that key; each
+    action has its own key, so the order is unique), as positions in `nodes`. Shorter than
+    `nodes` when the edges have a cycle."""
+    indeg = [0] * len(nodes)
+    succ: list[list[int]] = [[] for _ in nodes]
+    for u, v, _ in edges:
+        succ[u].append(v)
+        indeg[v] += 1
+    key = [(a.microbatch, a.stage, a.kind, i) for i, a in enumerate(nodes)]
+    ready = [key[i] for i, d in enumerate(indeg) if d == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        u = heapq.heappop(ready)[3]
+        order.append(u)
+        for v in succ[u]:
+            indeg[v] -= 1
+            if not indeg[v]:
+                heapq.heappush(ready, key[v])
+    return order
+
+
+def _check_complete(act: Mapping[tuple[int, str, int], int], n_st: int, n_mb: int) -> None:
+    """Every (stage, microbatch) has a forward and one backward (`act`: actions by their fields)."""
+    kinds: dict[tuple[int, int], set[str]] = {}
+    for st, k, m in act:
+        kinds.setdefault((st, m), set()).add(k)
+    for s in range(n_st):
+        for m in range(n_mb):
+            has = kinds.get((s, m), set())
+            if "F" not in has:
+                raise InputError(
+                    f"no rank runs {s}F{m}; every stage needs a forward for every microbatch"
+                )
+            if has - {"F"} not in ({"B"}, {"I", "W"}):
+                found = ", ".join(f"{s}{k}{m}" for k in sorted(has - {"F"})) or "none"
+                raise InputError(
+                    f"stage {s} microbatch {m} needs one backward: either {s}B{m}, or {s}I{m} and {s}W{m} (found: {found})"
+                )
+
+
+def schedule_plan(schedule: Schedule, dag: PipelineDag) -> dict[tuple[Action, int], float]:
+    """(weight-gradient action, group index) → frozen extent, for the simulator and runtime."""
+    plan: dict[tuple[Action, int], float] = {}
+    n_mb = schedule.pipeline.n_microbatches
+
+    def weight_action(s: int, m: int) -> Action:
+        b = Action(s, "B", m)
+        return b if b in dag.rank_of else Action(s, "W", m)
+
+    for s, groups in schedule.frozen.items():
+        for name, mbs in groups.items():
+            g = dag.group_names[s].index(name)
+            for m in parse_microbatches(mbs, n_mb):
+                plan[(weight_action(s, m), g)] = 1.0
+    for s, groups2 in schedule.ratios.items():
+        for name, per_mb in groups2.items():
+            g = dag.group_names[s].index(name)
+            for m, r in per_mb.items():
+                key = (weight_action(s, m), g)
+                plan[key] = max(plan.get(key, 0.0), r)
+    return plan

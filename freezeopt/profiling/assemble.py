@@ -1,0 +1,547 @@
+"""Assembling a profile: what the ranks of `freezeopt profile` measured → the profile file and report.
+
+Why apart from `freezeopt.profiling.run`: the ranks measure (that module), the parent turns their plain
+picklable `RankResult`s into the file the solver reads. This is pure data work — statistics over
+the measured steps, the executed order checked against the schedule, the measured timeline of the
+median step, cross-rank lags from the wall timeline (ping-pong where the timeline has too few
+samples), group costs fitted under the actions they belong to, the gradient traces — plus the
+self-check: the DAG built from the new profile must predict the measured step time, and where it
+misses by more than `SELF_CHECK_TOLERANCE` the report says why. `freezeopt.profiling.run`'s docstring
+describes every measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from freezeopt import __version__
+from freezeopt.actions import Action
+from freezeopt.formats.profile import (
+    ActionCost,
+    GradientTrace,
+    GroupProfile,
+    Lag,
+    Pipeline,
+    Profile,
+    Provenance,
+    RankProfile,
+    StageProfile,
+    Stat,
+    TimelineEntry,
+)
+from freezeopt.torchpp.job import Job, job_sha256
+from freezeopt.torchpp.pipeline import PipelinePlan
+
+__all__ = ["APF_ALPHA", "SELF_CHECK_TOLERANCE", "ProfileReport", "RankResult", "assemble"]
+
+APF_ALPHA = 0.9
+"""EMA factor of APF's effective perturbation."""
+SELF_CHECK_TOLERANCE = 0.10
+"""Relative step-time error above which the report explains the difference."""
+_MIN_LAG_SAMPLES = 3
+_FIT_MARGIN = 1e-4
+OTHERS_BUSY = 0.1
+"""Cores: other processes busier than this during a run make its timings unreliable."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileReport:
+    """The summary of one profiling run (the profile file holds everything)."""
+
+    path: Path | None
+    """Where the profile was written (under torchrun: by rank 0; every rank gets its report)."""
+    job: str
+    schedule: str
+    world_size: int
+    n_stages: int
+    n_microbatches: int
+    steps_measured: int
+    device: str
+    measured_step_ms: float
+    """Median measured wall time of one pipeline step (barrier to last rank done)."""
+    predicted_step_ms: float
+    """Step time the profile's DAG predicts from the measured action costs and lags."""
+    error: float
+    """(predicted − measured) / measured."""
+    explanation: str | None
+    """Why prediction and measurement differ, where they differ by more than 10 %."""
+    action_ms: tuple[tuple[int, int, str, float, float, int], ...]
+    """(stage, rank, kind, median cost ms, median wall ms, actions) per stage and kind."""
+    group_ms: tuple[tuple[int, str, float], ...]
+    """(stage, group, weight-gradient ms per microbatch)."""
+    lags_ms: tuple[tuple[int, int, str, float, str], ...]
+    """(src stage, dst stage, kind, ms, method)."""
+    optimizer_ms: tuple[float, ...]
+    """Median optimizer-step time per rank."""
+    loss: tuple[float, ...]
+    """Training loss of the measured steps."""
+    val_loss: tuple[float, ...]
+    """Validation loss before and after training."""
+    order_ok: bool
+    """True when every rank executed exactly torch's (or the CSV's) order."""
+    order_mismatches: tuple[str, ...]
+    warnings: tuple[str, ...]
+    wall_s: float
+    """How long profiling took."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data (for `--json`)."""
+        d = asdict(self)
+        d["path"] = None if self.path is None else str(self.path)
+        return d
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankResult:
+    """Everything one rank measured, as plain picklable data."""
+
+    rank: int
+    host: str
+    device: str
+    stages: tuple[int, ...]
+    records: tuple[tuple[int, int, str, int, float, float, float], ...]
+    """(measured step, stage, kind, microbatch, wall start s, wall end s, cost ms)."""
+    step_bounds: tuple[tuple[float, float], ...]
+    """Per measured step: wall start and end (perf_counter seconds) of this rank's step()."""
+    optimizer_ms: tuple[float, ...]
+    optimizer_wall_ms: tuple[float, ...]
+    losses: tuple[float, ...]
+    """Mean microbatch loss of every step, warm-up included (last-stage rank only)."""
+    val_loss: tuple[float, ...]
+    groups: tuple[tuple[int, str, tuple[str, ...], int], ...]
+    """(stage, group, parameter names, numel)."""
+    mb_sq: dict[tuple[int, str], tuple[tuple[float, ...], ...]]
+    step_sq: dict[tuple[int, str], tuple[float, ...]]
+    apf: dict[tuple[int, str], tuple[float, ...]]
+    cost_rounds: dict[int, dict[str, tuple[float, ...]]]
+    """Per stage: 'all', 'none' and each group's leave-one-out samples (ms)."""
+    cost_modes: dict[int, str]
+    """Per stage: `full` (costs measured in a full backward) or `split` (in torch's W step)."""
+    pingpong: dict[tuple[int, int], tuple[float, ...]]
+    """(src rank, dst rank) → one-way ms samples (measured on the sending side)."""
+    act_shapes: dict[int, tuple[tuple[int, ...], str]]
+    data_provenance: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+
+
+def _pct(v: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile of sorted `v`."""
+    if len(v) == 1:
+        return v[0]
+    k = (len(v) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def _stat(xs: Sequence[float], *, scale: float = 1.0) -> Stat:
+    v = sorted(max(0.0, x * scale) for x in xs)
+    return Stat(median=statistics.median(v), p10=_pct(v, 10), p90=_pct(v, 90), n=len(v))
+
+
+def _order_key(a: Action) -> tuple[int, int, int]:
+    return (a.stage, a.microbatch, "FBIW".index(a.kind))
+
+
+@dataclass(slots=True)
+class _Run:
+    """Per measured step: each action's (rank, start, end, cost) and each rank's executed order."""
+
+    steps: list[dict[Action, tuple[int, float, float, float]]] = field(default_factory=list)
+    orders: list[list[list[Action]]] = field(default_factory=list)
+
+
+def _collect(plan: PipelinePlan, results: Sequence[RankResult], n_steps: int) -> _Run:
+    run = _Run()
+    for _ in range(n_steps):
+        run.steps.append({})
+        run.orders.append([[] for _ in results])
+    for res in results:
+        for k, s, kind, mb, t0, t1, cost in res.records:
+            a = Action(s, kind, mb)  # type: ignore[arg-type]
+            run.steps[k][a] = (res.rank, t0, t1, cost)
+            run.orders[k][res.rank].append(a)
+    return run
+
+
+def assemble(
+    job: Job,
+    plan: PipelinePlan,
+    results: Sequence[RankResult],
+    *,
+    out: Path,
+    host: dict[str, Any],
+    wall_s: float,
+) -> tuple[Profile, ProfileReport]:
+    """The profile and the report from every rank's `RankResult` (writes nothing)."""
+    from freezeopt.model.dag import build_dag
+    from freezeopt.model.simulate import simulate
+    from freezeopt.torchpp.adapter import torch_version
+
+    n_steps = job.measure_steps
+    run = _collect(plan, results, n_steps)
+    warnings: list[str] = [w for r in results for w in r.warnings]
+    others = host.get("other_cpu_cores")
+    if others is not None and others > OTHERS_BUSY:
+        warnings.append(
+            f"other processes kept {others:.2f} cores busy during the run; timings are unreliable, "
+            "re-profile on a quiet machine"
+        )
+
+    # executed order versus the schedule
+    mismatches: list[str] = []
+    for r in range(job.ranks):
+        expected = list(plan.rank_actions[r])
+        for k in range(n_steps):
+            got = run.orders[k][r]
+            if got != expected:
+                i = next(
+                    (j for j, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                    min(len(got), len(expected)),
+                )
+                exp = str(expected[i]) if i < len(expected) else "end"
+                gotten = str(got[i]) if i < len(got) else "end"
+                mismatches.append(
+                    f"rank {r} step {k}: position {i} ran {gotten}, schedule says {exp}"
+                )
+                break
+    executed = [list(run.orders[0][r]) for r in range(job.ranks)]
+    all_actions = sorted({a for st in run.steps for a in st}, key=_order_key)
+
+    costs = {a: [st[a][3] for st in run.steps if a in st] for a in all_actions}
+    walls = {a: [(st[a][2] - st[a][1]) * 1e3 for st in run.steps if a in st] for a in all_actions}
+    action_costs = tuple(ActionCost(action=str(a), cost_ms=_stat(costs[a])) for a in all_actions)
+    cost_med = {a: statistics.median(costs[a]) for a in all_actions}
+
+    # step time and timeline
+    same_host = len({r.host for r in results}) == 1
+    step_ms: list[float] = []
+    starts: list[float] = []
+    for k in range(n_steps):
+        if same_host:
+            s0 = min(r.step_bounds[k][0] for r in results)
+            step_ms.append((max(r.step_bounds[k][1] for r in results) - s0) * 1e3)
+            starts.append(s0)
+        else:
+            step_ms.append(max(r.step_bounds[k][1] - r.step_bounds[k][0] for r in results) * 1e3)
+            starts.append(0.0)
+    med_step = sorted(range(n_steps), key=lambda k: (step_ms[k], k))[(n_steps - 1) // 2]
+    timeline: list[TimelineEntry] = []
+    for a in sorted(run.steps[med_step], key=lambda a: (run.steps[med_step][a][1], _order_key(a))):
+        rk, t0, t1, _ = run.steps[med_step][a]
+        base = starts[med_step] if same_host else results[rk].step_bounds[med_step][0]
+        timeline.append(
+            TimelineEntry(
+                action=str(a),
+                rank=rk,
+                start_ms=max(0.0, (t0 - base) * 1e3),
+                end_ms=max(0.0, (t1 - base) * 1e3),
+            )
+        )
+
+    # lags
+    lags, lag_detail = _lags(plan, run, results, same_host)
+
+    # stages and groups
+    rank_of_stage = plan.stage_rank
+    group_meta = {(s, g): (names, numel) for r in results for s, g, names, numel in r.groups}
+    rounds = {s: d for r in results for s, d in r.cost_rounds.items()}
+    modes = {s: m for r in results for s, m in r.cost_modes.items()}
+    stages: list[StageProfile] = []
+    group_detail: dict[str, Any] = {}
+    for s in range(plan.n_stages):
+        names = [g for (st, g) in group_meta if st == s]
+        meds = {g: statistics.median(rounds[s][g]) for g in names}
+        total = sum(max(0.0, v) for v in meds.values())
+        wb = [cost_med[a] for a in all_actions if a.stage == s and a.kind in ("B", "W")]
+        cap = min(wb) if wb else total
+        scale = 1.0
+        # the file rounds to 6 digits: keep the sum safely below the action
+        fit = cap * (1 - _FIT_MARGIN)
+        if total > fit > 0:
+            scale = fit / total
+            warnings.append(
+                f"stage {s}: group costs ({total:.2f} ms) exceeded its fastest weight-gradient action "
+                f"({cap:.2f} ms); scaled by {scale:.3f}"
+            )
+        all_ms = statistics.median(rounds[s]["all"])
+        none_ms = statistics.median(rounds[s]["none"])
+        group_detail[str(s)] = {
+            "measured_in": modes[s],
+            "all_groups_ms": all_ms,
+            "no_groups_ms": none_ms,
+            "weight_grad_ms": all_ms - none_ms,
+            "groups_sum_ms": total,
+            "scaled_by": scale,
+            "pipeline_weight_actions_min_ms": cap,
+        }
+        groups = tuple(
+            GroupProfile(
+                name=g,
+                params=group_meta[(s, g)][0],
+                numel=group_meta[(s, g)][1],
+                weight_grad_ms=_stat(rounds[s][g], scale=scale),
+            )
+            for g in names
+        )
+        stages.append(StageProfile(stage=s, rank=rank_of_stage[s], groups=groups))
+
+    # gradient traces
+    traces: list[GradientTrace] = []
+    if job.gradient_traces:
+        mb_sq = {k: v for r in results for k, v in r.mb_sq.items()}
+        st_sq = {k: v for r in results for k, v in r.step_sq.items()}
+        apf = {k: v for r in results for k, v in r.apf.items()}
+        for s in range(plan.n_stages):
+            for g in (g for (st, g) in group_meta if st == s):
+                traces.append(
+                    GradientTrace(
+                        stage=s,
+                        group=g,
+                        microbatch_sq_norms=mb_sq[(s, g)],
+                        step_sq_norms=st_sq[(s, g)],
+                        effective_perturbation=apf.get((s, g), ()),
+                    )
+                )
+    last_rank = rank_of_stage[-1]
+    all_losses = results[last_rank].losses
+    loss = tuple(all_losses[job.warmup_steps :])
+    device = results[0].device
+    ranks = tuple(
+        RankProfile(
+            rank=r,
+            actions=tuple(str(a) for a in executed[r]),
+            optimizer_ms=_stat(results[r].optimizer_ms),
+        )
+        for r in range(job.ranks)
+    )
+    extra: dict[str, Any] = {
+        "profiler": "freezeopt.profile",
+        "cost_clock": "cuda-events" if device.startswith("cuda") else "thread-cpu",
+        "host": host,
+        "data": results[0].data_provenance,
+        "order_check": {"matches_schedule": not mismatches, "mismatches": mismatches},
+        "group_costs": {
+            "method": "leave-one-out on a captured microbatch: full backward (autograd.grad) or torch's W step",
+            "stages": group_detail,
+        },
+        "lags": lag_detail,
+        "train_loss_all_steps": list(all_losses),
+        "val_loss_at_step": [0, job.warmup_steps + job.measure_steps]
+        if results[last_rank].val_loss
+        else [],
+        "step_ms_samples": step_ms,
+        "optimizer_wall_ms": {str(r.rank): statistics.median(r.optimizer_wall_ms) for r in results},
+        "apf_alpha": APF_ALPHA,
+        "stage_0_backward_in_w": any(a.stage == 0 and a.kind == "W" for a in all_actions),
+    }
+    if plan.csv_path is not None:
+        extra["schedule_csv"] = Path(plan.csv_path).read_text()
+    profile = Profile(
+        schema_version=1,
+        provenance=Provenance(
+            source="measured",
+            freezeopt=__version__,
+            python=platform.python_version(),
+            torch=torch_version(),
+            device=device,
+            job=job.to_dict(),
+            job_sha256=job_sha256(job),
+            seed=job.seed,
+            steps_measured=n_steps,
+        ),
+        pipeline=Pipeline(
+            schedule=plan.label,
+            world_size=job.ranks,
+            n_stages=plan.n_stages,
+            n_microbatches=job.microbatches,
+            microbatch_size=job.microbatch_size,
+        ),
+        ranks=ranks,
+        actions=action_costs,
+        stages=tuple(stages),
+        lags=tuple(lags),
+        gradients=tuple(traces),
+        loss=loss,
+        val_loss=results[last_rank].val_loss,
+        step_ms=_stat(step_ms),
+        extra=extra,
+        timeline=tuple(timeline),
+    )
+
+    # self-check: the DAG's prediction from the measured costs versus the measured step time
+    dag = build_dag(profile)
+    predicted = simulate(dag).makespan
+    wall_med = {a: statistics.median(walls[a]) for a in all_actions}
+    predicted_wall = simulate(dag, wall_med).makespan
+    measured = statistics.median(step_ms)
+    err = (predicted - measured) / measured if measured > 0 else 0.0
+    ratios = [
+        w / c for a in all_actions for w, c in zip(walls[a], costs[a], strict=True) if c > 0.5
+    ]
+    inflation = statistics.median(ratios) if ratios else 1.0
+    explanation = None
+    if abs(err) > SELF_CHECK_TOLERANCE:
+        explanation = _explain(err, inflation, job.ranks, host, predicted_wall, measured)
+    extra["self_check"] = {
+        "measured_step_ms": measured,
+        "predicted_step_ms": predicted,
+        "error": err,
+        "predicted_from_wall_ms": predicted_wall,
+        "wall_over_cost": inflation,
+        "tolerance": SELF_CHECK_TOLERANCE,
+        "explanation": explanation,
+    }
+    profile = replace(profile, extra=extra)
+
+    summary: list[tuple[int, int, str, float, float, int]] = []
+    for s in range(plan.n_stages):
+        for kind in "FBIW":
+            acts = [a for a in all_actions if a.stage == s and a.kind == kind]
+            if acts:
+                summary.append(
+                    (
+                        s,
+                        rank_of_stage[s],
+                        kind,
+                        statistics.median(cost_med[a] for a in acts),
+                        statistics.median(wall_med[a] for a in acts),
+                        len(acts),
+                    )
+                )
+    report = ProfileReport(
+        path=out,
+        job=job.name,
+        schedule=plan.label,
+        world_size=job.ranks,
+        n_stages=plan.n_stages,
+        n_microbatches=job.microbatches,
+        steps_measured=n_steps,
+        device=device,
+        measured_step_ms=measured,
+        predicted_step_ms=predicted,
+        error=err,
+        explanation=explanation,
+        action_ms=tuple(summary),
+        group_ms=tuple(
+            (st.stage, g.name, g.weight_grad_ms.median) for st in stages for g in st.groups
+        ),
+        lags_ms=tuple(
+            (
+                lg.src_stage,
+                lg.dst_stage,
+                lg.kind,
+                lg.ms.median,
+                lag_detail[f"{lg.src_stage}->{lg.dst_stage}"]["method"],
+            )
+            for lg in lags
+        ),
+        optimizer_ms=tuple(rp.optimizer_ms.median for rp in ranks if rp.optimizer_ms is not None),
+        loss=loss,
+        val_loss=results[last_rank].val_loss,
+        order_ok=not mismatches,
+        order_mismatches=tuple(mismatches),
+        warnings=tuple(warnings),
+        wall_s=wall_s,
+    )
+    return profile, report
+
+
+def _explain(
+    err: float,
+    inflation: float,
+    world: int,
+    host: dict[str, Any],
+    predicted_wall: float,
+    measured: float,
+) -> str:
+    """Why the DAG's prediction misses the measured step time, most likely cause first."""
+    cores = host.get("usable_cpus") or host.get("cpus") or 1
+    wall_err = (predicted_wall - measured) / measured if measured > 0 else 0.0
+    others = host.get("other_cpu_cores")
+    reasons: list[str] = []
+    if world > cores:
+        reasons.append(
+            f"{world} ranks share {cores} cores, so a rank that is ready often waits for a core "
+            "(costs are CPU time, the step is wall time)"
+        )
+    if others is not None and others > OTHERS_BUSY:
+        reasons.append(
+            f"other processes kept {others:.2f} cores busy during the run (measure on a quiet machine)"
+        )
+    if inflation > 1.1:
+        reasons.append(f"actions took {inflation:.2f}× longer in wall time than in CPU time")
+    if err < 0:
+        reasons.append(
+            "the DAG leaves out time between actions (Python scheduling, posting sends and receives, "
+            "waits inside torch's batched send/recv), which weighs more the shorter the actions"
+        )
+    else:
+        reasons.append("measured lags or costs are pessimistic for this run")
+    return (
+        "; ".join(reasons)
+        + f"; with wall-clock durations the DAG predicts {predicted_wall:.1f} ms ({wall_err * 100:+.1f} %)"
+    )
+
+
+def _lags(
+    plan: PipelinePlan, run: _Run, results: Sequence[RankResult], same_host: bool
+) -> tuple[list[Lag], dict[str, Any]]:
+    """Cross-rank edge lags from the wall timeline, ping-pong where the timeline has too few samples."""
+    sr = plan.stage_rank
+    ping: dict[tuple[int, int], tuple[float, ...]] = {}
+    for r in results:
+        for (ra, rb), v in r.pingpong.items():
+            ping[(ra, rb)] = v
+            ping.setdefault((rb, ra), v)
+    prev: list[dict[Action, Action | None]] = []
+    for k in range(len(run.steps)):
+        d: dict[Action, Action | None] = {}
+        for order in run.orders[k]:
+            for i, a in enumerate(order):
+                d[a] = order[i - 1] if i > 0 else None
+        prev.append(d)
+
+    def ingrad(k: int, s: int, m: int) -> Action:
+        b = Action(s, "B", m)
+        return b if b in run.steps[k] else Action(s, "I", m)
+
+    lags: list[Lag] = []
+    detail: dict[str, Any] = {}
+    n_mb = max((a.microbatch for st in run.steps for a in st), default=-1) + 1
+    for s in range(plan.n_stages - 1):
+        if sr[s] == sr[s + 1]:
+            continue
+        for kind, src, dst in (("F", s, s + 1), ("B", s + 1, s)):
+            samples: list[float] = []
+            if same_host:
+                for k, st in enumerate(run.steps):
+                    for m in range(n_mb):
+                        prod = Action(s, "F", m) if kind == "F" else ingrad(k, s + 1, m)
+                        cons = Action(s + 1, "F", m) if kind == "F" else ingrad(k, s, m)
+                        if prod not in st or cons not in st:
+                            continue
+                        before = prev[k].get(cons)
+                        if before is None or st[before][2] <= st[prod][2]:
+                            samples.append((st[cons][1] - st[prod][2]) * 1e3)
+            pp = ping.get((sr[src], sr[dst]), ())
+            if len(samples) >= _MIN_LAG_SAMPLES:
+                stat, method = _stat(samples), "timeline"
+            elif pp:
+                stat, method = _stat(pp), "ping-pong"
+            else:
+                continue
+            lags.append(Lag(src_stage=src, dst_stage=dst, kind=kind, ms=stat))  # type: ignore[arg-type]
+            detail[f"{src}->{dst}"] = {
+                "kind": kind,
+                "method": method,
+                "timeline_samples": len(samples),
+                "timeline_median_ms": statistics.median(samples) if samples else None,
+                "pingpong_one_way_ms": statistics.median(pp) if pp else None,
+            }
+    return lags, detail

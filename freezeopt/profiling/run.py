@@ -1,0 +1,679 @@
+"""`freezeopt profile`: run a real pipelined training job and write the profile file from what it measured.
+
+Why: every number `freezeopt solve` optimises — action durations, what each parameter group's
+weight gradient costs, point-to-point lags, gradient statistics — must come from the job itself,
+run by stock `torch.distributed.pipelining`, not from FLOP counts or guesses.
+
+How a run goes. On one machine the profiler spawns one process per rank (gloo on CPU with one
+thread per rank, nccl on CUDA; 127.0.0.1 and a free port); under `torchrun` (RANK and
+WORLD_SIZE set) each process is one rank. Every rank builds the model with the same seed, keeps
+its stages, wraps them in `PipelineStage`s and runs torch's schedule (a `_PipelineScheduleRuntime`
+for a CSV order). After `warmup_steps` steps it measures `measure_steps` steps:
+
+* actions: each stage's `forward_one_chunk`, `backward_one_chunk` and `backward_weight_one_chunk`
+  are wrapped (`freezeopt.torchpp.adapter.instrument_stage`) to log (rank, stage, microbatch, kind
+  F/B/I/W, wall start/end by `perf_counter`, cost). Cost is `time.thread_time` on CPU (immune to
+  waiting and, mostly, to core sharing) and CUDA-event time on GPU. The last stage's loss is
+  computed by torch right after its forward and is counted in that F. In split schedules torch
+  runs stage 0's whole backward in W (its I computes nothing), and the profile says so as measured.
+* the executed order per rank, checked against `torch_pp.schedule_actions` (or the CSV);
+* the step time: all ranks pass a barrier, then the step runs from the first rank's start to the
+  last rank's end; the optimizer step is timed separately per rank;
+* gradients: each microbatch's gradient is captured exactly by moving `.grad` aside after every
+  backward action (so each action starts from `grad=None` and produces that microbatch's gradient
+  alone); after the step the profiler sums them, divides by the number of microbatches (what
+  torch's `scale_grads` does) and hands the mean to AdamW. Per group and step it records the
+  squared norm of each microbatch's gradient and of the mean — what the gradient-noise-scale
+  estimator needs — and APF's effective perturbation Σ|EMA(Δ)| / ΣEMA(|Δ|) of the group's updates
+  (EMA factor 0.9, i.e. a window of about 10 steps, tracked from the first step). This holds every
+  microbatch's gradient until the step ends (memory: microbatches × parameters); set
+  `gradient_traces: false` to run torch's own accumulation instead (no traces then).
+* weight-gradient cost per group, measured after training on each stage in isolation on a real
+  microbatch (its captured input, target and incoming gradient), in the form the stage's weight
+  gradients take in the schedule. For stages with full backwards (B), and for stage 0 of split
+  schedules (whose W is torch's full backward): one forward, then `cost_samples` rounds of
+  `torch.autograd.grad` over the retained graph with inputs = the stage input plus (a) all
+  parameters, (b) all parameters except group g, for each g, (c) no parameters. For the other
+  stages of split schedules (I then W): per round a fresh forward and torch's I step, then torch's
+  W step (`stage_backward_weight`) restricted to (a) all parameters or (b) all but group g — how a
+  runtime skips frozen groups in W. A group's cost is the median over rounds of (a) − (b), paired
+  within a round: the time freezing g alone saves. For stages after the first the group costs add
+  up to (a) − (c), the stage's weight-gradient time, within noise; on the first stage freezing a
+  group can also skip backpropagating to the layers below it, so leave-one-out costs are not
+  additive there and sum to less. Negative differences (noise) are clipped to 0. If a stage's
+  group costs add up to more than one of its B/W actions took in the pipeline, they are scaled
+  down to fit (the DAG requires it) and the factor is recorded in `extra["group_costs"]`.
+* lags: derived from the wall timeline — for a cross-rank edge u → v (activations F(s)→F(s+1),
+  input gradients of s+1 → of s) in steps where v's rank was idle when u ended, the lag is
+  start(v) − end(u): transfer plus send/receive overhead, the delay the DAG must model. Edges with
+  fewer than 3 such samples fall back to a ping-pong of the activation's size (half the round trip).
+* loss per step and validation loss before and after training, on held-out batches, run as a
+  plain forward pass stage by stage (torch's `schedule.eval()` fails on V schedules in 2.13).
+
+Self-check: the measured step time is compared with the step time the profile's own DAG predicts
+(`freezeopt.model.dag.build_dag` + `freezeopt.model.simulate.simulate`, nothing frozen). Both go into
+`extra["self_check"]`; where they differ by more than 10 % the report says why (ranks sharing a
+core, other processes, or overhead between actions the DAG does not model).
+
+Failure handling: a rank that raises reports its error and every rank is stopped; a rank that
+makes no progress for `hang_timeout_s` (stuck in an action, or every rank waiting) is declared hung
+and every rank is stopped. Either way one `RankFailedError` names the rank and the cause, and no
+profile is written. Ranks write their stdout/stderr to a temporary log, named in the error.
+`fault="crash:rank=R,step=S"` (or `hang:...`, or the FREEZEOPT_FAULT environment variable) makes
+rank R fail in its first forward of step S (0-based, warm-up steps included); it is for tests.
+
+Modules: launching and supervising the ranks is `freezeopt.torchpp.launch` (shared with `freezeopt train`),
+building a rank's pipeline `freezeopt.torchpp.pipeline`, and turning the ranks' measurements into the file
+`freezeopt.profiling.assemble`; this module is the measuring rank and the public entry point.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from freezeopt.errors import InputError
+from freezeopt.fileio import check_output_file
+from freezeopt.formats.profile import save_profile
+from freezeopt.profiling.assemble import (
+    APF_ALPHA,
+    SELF_CHECK_TOLERANCE,
+    ProfileReport,
+    RankResult,
+    assemble,
+)
+from freezeopt.torchpp.job import Job, open_job
+from freezeopt.torchpp.launch import (
+    Fault,
+    RankContext,
+    cpu_snapshot,
+    host_info,
+    in_torchrun,
+    load_avg,
+    other_cpu,
+    parse_fault,
+    run_ranks,
+)
+from freezeopt.torchpp.pipeline import (
+    Clock,
+    PipelinePlan,
+    build_rank_pipeline,
+    device_name,
+    make_schedule,
+    plan_pipeline,
+    preflight,
+    to_device,
+    validation_loss,
+)
+
+__all__ = [
+    "APF_ALPHA",
+    "SELF_CHECK_TOLERANCE",
+    "ProfileReport",
+    "RankResult",
+    "format_report",
+    "profile_job",
+]
+
+_COST_WARMUP_ROUNDS = 2
+_LAG_WARMUP = 5
+
+
+# --- public API ---------------------------------------------------------------------------------
+
+
+def profile_job(
+    job_path_or_spec: str | Path | Job,
+    *,
+    out: Path,
+    progress: bool = True,
+    fault: str | Fault | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> ProfileReport:
+    """Run the job for real, measure it, write the profile to `out` and return a summary.
+
+    `job_path_or_spec`: a YAML file, a built-in job name (`tiny-gpt`) or a `Job`; `overrides`
+    replaces job fields (e.g. `{"schedule": "ZBVZeroBubble", "stages_per_rank": 2}`). Spawns
+    `job.ranks` processes, unless running under torchrun (RANK and WORLD_SIZE set), where this
+    process is one rank, every rank gets the report and rank 0 writes the file. Raises InputError for a bad job and
+    RankFailedError when a rank crashes or hangs; no file is written then.
+    """
+    t_start = time.monotonic()
+    job = open_job(job_path_or_spec, overrides)
+    if fault is None and os.environ.get("FREEZEOPT_FAULT"):
+        fault = os.environ["FREEZEOPT_FAULT"]
+    flt = parse_fault(fault) if isinstance(fault, str) else fault
+    if flt is not None and not 0 <= flt.rank < job.ranks:
+        raise InputError(f"fault names rank {flt.rank}, but the job has ranks 0..{job.ranks - 1}")
+    plan = plan_pipeline(job)
+    preflight(job, plan, in_torchrun=in_torchrun())
+    out = Path(out)
+    check_output_file(out, "-o")
+    host = host_info()
+    before = cpu_snapshot()
+    t_run = time.monotonic()
+    results = run_ranks(
+        job,
+        functools.partial(_profile_rank, job, plan, flt),
+        total_units=job.warmup_steps + job.measure_steps + 4,
+        progress=progress,
+        verb="profiling",
+        outcome=lambda: "no profile was written",
+        log_prefix="profile",
+    )
+    if not in_torchrun():
+        host.update(other_cpu(before, cpu_snapshot(), time.monotonic() - t_run))
+    host["load_avg_after"] = load_avg()
+    profile, report = assemble(
+        job, plan, results, out=out, host=host, wall_s=time.monotonic() - t_start
+    )
+    if not in_torchrun() or int(os.environ["RANK"]) == 0:
+        save_profile(profile, out)
+    return report
+
+
+def format_report(report: ProfileReport) -> str:
+    """A short human-readable summary table of a profiling run."""
+    lines = [
+        f"{report.job} · {report.schedule} · {report.world_size} ranks · {report.n_stages} stages · "
+        f"{report.n_microbatches} microbatches · {report.steps_measured} steps measured on {report.device} "
+        f"({report.wall_s:.1f} s)",
+        f"step time: measured {report.measured_step_ms:.1f} ms, DAG-predicted {report.predicted_step_ms:.1f} ms, "
+        f"error {report.error * 100:+.1f} %",
+    ]
+    if report.explanation:
+        lines.append(f"  why: {report.explanation}")
+    lines.append("")
+    lines.append(f"{'stage':>5} {'rank':>4} {'kind':>4} {'cost ms':>8} {'wall ms':>8} {'n':>3}")
+    for st, rk, kind, cost, wall, n in report.action_ms:
+        lines.append(f"{st:>5} {rk:>4} {kind:>4} {cost:>8.2f} {wall:>8.2f} {n:>3}")
+    lines.append("")
+    lines.append("weight-gradient cost per microbatch (ms):")
+    by_stage: dict[int, list[str]] = {}
+    for st, g, ms in report.group_ms:
+        by_stage.setdefault(st, []).append(f"{g} {ms:.2f}")
+    for st in sorted(by_stage):
+        lines.append(f"  stage {st}: " + ", ".join(by_stage[st]))
+    if report.lags_ms:
+        lags = ", ".join(f"{s}→{d} {k} {ms:.3f} ({m})" for s, d, k, ms, m in report.lags_ms)
+        lines.append(f"lags (ms): {lags}")
+    lines.append(
+        "optimizer step (ms): "
+        + ", ".join(f"rank {r} {ms:.2f}" for r, ms in enumerate(report.optimizer_ms))
+    )
+    if report.loss:
+        val = ""
+        if report.val_loss:
+            val = f"; validation {report.val_loss[0]:.3f} → {report.val_loss[-1]:.3f}"
+        lines.append(
+            f"loss {report.loss[0]:.3f} → {report.loss[-1]:.3f} over the measured steps{val}"
+        )
+    if report.order_ok:
+        lines.append("action order: every rank ran exactly the schedule's order")
+    else:
+        lines.append(
+            "action order differs from the schedule: " + "; ".join(report.order_mismatches)
+        )
+    lines.extend(f"warning: {w}" for w in report.warnings)
+    if report.path is not None:
+        lines.append(f"profile written to {report.path}")
+    return "\n".join(lines)
+
+
+# --- one rank -----------------------------------------------------------------------------------
+
+
+def _profile_rank(
+    job: Job, plan: PipelinePlan, fault: Fault | None, ctx: RankContext
+) -> RankResult:
+    """What every rank runs (through `freezeopt.torchpp.launch.run_ranks`)."""
+    return _Runner(job, plan, ctx.rank, ctx.world, ctx.device, fault, ctx.beat).run()
+
+
+class _Runner:
+    """Runs and measures one rank. The process group must already be initialised."""
+
+    def __init__(
+        self,
+        job: Job,
+        plan: PipelinePlan,
+        rank: int,
+        world: int,
+        device: Any,
+        fault: Fault | None,
+        beat: Any,
+    ) -> None:
+        self.job, self.plan, self.rank, self.world = job, plan, rank, world
+        self.device, self.fault, self.beat = device, fault, beat
+        self.clock = Clock(device)
+        self.my = plan.stages_of(rank)
+        self.last = plan.n_stages - 1
+        self.M = job.microbatches
+        self.step_idx = -1
+        self.recording = False
+        self.records: list[list[Any]] = []
+        self.pending_loss: list[Any] | None = None
+        self.stash: dict[int, dict[int, list[Any]]] = {}
+        self.capture = False
+        self.cur: tuple[int, str, int] | None = None
+        self.captured_in: dict[int, tuple[Any, ...]] = {}
+        self.captured_grads: dict[int, list[Any]] = {}
+        self.captured_target: Any = None
+        self.act_shapes: dict[int, tuple[tuple[int, ...], str]] = {}
+        self.warnings: list[str] = []
+
+    # -- setup --
+
+    def setup(self) -> None:
+        import torch
+
+        from freezeopt.torchpp import adapter as torch_pp
+
+        self.beat.set_phase("setup")
+        rp = self.rp = build_rank_pipeline(self.job, self.plan, self.rank, self.device)
+        self.loss_fn, self.data, self.mods = rp.loss_fn, rp.data, rp.mods
+        self.params, self.group_idx, self.group_meta = rp.params, rp.group_idx, rp.group_meta
+        self.pstages, self.opt = rp.pstages, rp.optimizer
+        self.sched = make_schedule(rp, loss_fn=self._loss, scale_grads=not self.job.gradient_traces)
+        for st in self.pstages:
+            torch_pp.instrument_stage(st, self._make_around(st.stage_index))
+            self.mods[st.stage_index].register_forward_pre_hook(self._make_pre_hook(st.stage_index))
+            self.mods[st.stage_index].register_forward_hook(self._make_post_hook(st.stage_index))
+        all_params = [p for s in self.my for p in self.params[s]]
+        self.apf_e = [torch.zeros_like(p) for p in all_params]
+        self.apf_a = [torch.zeros_like(p) for p in all_params]
+        self.has_first = rp.has_first
+        self.has_last = rp.has_last
+
+    # -- instrumentation --
+
+    def _make_around(self, s: int) -> Callable[[str, int, Callable[[], Any]], Any]:
+        def around(kind: str, mb: int, run: Callable[[], Any]) -> Any:
+            f = self.fault
+            if f is not None and kind == "F" and f.rank == self.rank and f.step == self.step_idx:
+                self.fault = None
+                self.beat.computing(s, kind, mb)
+                if f.kind == "crash":
+                    raise RuntimeError(
+                        f"injected fault: rank {self.rank} crashes in {s}F{mb} of step {f.step}"
+                    )
+                if f.kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)  # injected: dies with no cleanup at all
+                threading.Event().wait()  # injected hang: block forever
+            self.beat.computing(s, kind, mb)
+            self.cur = (s, kind, mb)
+            c0 = self.clock.start()
+            t0 = time.perf_counter()
+            out = run()
+            t1 = time.perf_counter()
+            cost = self.clock.stop(c0)
+            self.cur = None
+            self.beat.idle()
+            rec = [self.step_idx, s, kind, mb, t0, t1, cost]
+            if self.recording:
+                self.records.append(rec)
+            self.pending_loss = rec if (kind == "F" and s == self.last) else None
+            if kind != "F" and self.job.gradient_traces:
+                self._stash_grads(s, mb)
+            return out
+
+        return around
+
+    def _loss(self, output: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
+        tok = self.clock.start()
+        loss = self.loss_fn(output, target, *args, **kwargs)
+        rec, self.pending_loss = self.pending_loss, None
+        if rec is not None:
+            rec[5] = time.perf_counter()
+            rec[6] = self.clock.extend(rec[6], tok)
+            if self.capture and rec[1] == self.last and rec[3] == 0:
+                self.captured_target = (
+                    target.detach().clone() if hasattr(target, "detach") else target
+                )
+        return loss
+
+    def _make_pre_hook(self, s: int) -> Callable[..., None]:
+        def hook(mod: Any, args: tuple[Any, ...]) -> None:
+            if self.capture and self.cur == (s, "F", 0):
+                self.captured_in[s] = tuple(
+                    a.detach().clone().requires_grad_(a.requires_grad)
+                    if hasattr(a, "detach")
+                    else a
+                    for a in args
+                )
+
+        return hook
+
+    def _make_post_hook(self, s: int) -> Callable[..., None]:
+        def hook(mod: Any, args: tuple[Any, ...], out: Any) -> None:
+            if self.cur != (s, "F", 0) or not self.recording:
+                return
+            outs = out if isinstance(out, tuple) else (out,)
+            if s not in self.act_shapes and hasattr(outs[0], "shape"):
+                self.act_shapes[s] = (tuple(outs[0].shape), str(outs[0].dtype))
+            if self.capture and s != self.last:
+                slots: list[Any] = [None] * len(outs)
+                self.captured_grads[s] = slots
+                for i, t in enumerate(outs):
+                    if getattr(t, "requires_grad", False):
+                        t.register_hook(
+                            lambda g, i=i, slots=slots: slots.__setitem__(i, g.detach().clone())
+                        )
+
+        return hook
+
+    def _stash_grads(self, s: int, mb: int) -> None:
+        got = [p.grad for p in self.params[s]]
+        if all(g is None for g in got):
+            return
+        slot = self.stash.setdefault(s, {}).get(mb)
+        if slot is None:
+            self.stash[s][mb] = got
+        else:  # a second backward action of the same microbatch (not seen in torch 2.13, handled anyway)
+            self.stash[s][mb] = [
+                a if b is None else (b if a is None else a + b)
+                for a, b in zip(slot, got, strict=True)
+            ]
+        for p in self.params[s]:
+            p.grad = None
+
+    # -- the run --
+
+    def run(self) -> RankResult:
+        import torch
+        import torch.distributed as dist
+
+        job = self.job
+        self.setup()
+        self.beat.tick(1)
+        val_before = self._val_loss()
+        total = job.warmup_steps + job.measure_steps
+        losses: list[float] = []
+        bounds: list[tuple[float, float]] = []
+        opt_ms: list[float] = []
+        opt_wall: list[float] = []
+        mb_sq: dict[tuple[int, str], list[tuple[float, ...]]] = {}
+        step_sq: dict[tuple[int, str], list[float]] = {}
+        apf: dict[tuple[int, str], list[float]] = {}
+        for step in range(total):
+            self.step_idx = self.beat.step = step
+            self.recording = step >= job.warmup_steps
+            self.capture = step == total - 1
+            self.beat.set_phase("measure" if self.recording else "warmup")
+            x, y = self.data.train(step)
+            x, y = to_device(x, self.device), to_device(y, self.device)
+            self.opt.zero_grad(set_to_none=True)
+            self.stash = {}
+            mb_losses: list[Any] = []
+            args = (x,) if self.has_first else ()
+            kwargs: dict[str, Any] = {"target": y, "losses": mb_losses} if self.has_last else {}
+            n_rec = len(self.records)
+            dist.barrier()
+            t0 = time.perf_counter()
+            self.sched.step(*args, **kwargs)
+            self.clock.sync()
+            t1 = time.perf_counter()
+            for rec in self.records[n_rec:]:
+                rec[6] = self.clock.resolve(rec[6])
+            if job.gradient_traces:
+                norms = self._combine_grads()
+            before = [p.detach().clone() for s in self.my for p in self.params[s]]
+            tok = self.clock.start()
+            ow = time.perf_counter()
+            self.opt.step()
+            opt_cost = self.clock.stop(tok)
+            self.clock.sync()
+            ow = time.perf_counter() - ow
+            oc = self.clock.resolve(opt_cost)
+            pert = self._apf(before)
+            if self.has_last:
+                losses.append(float(torch.stack([lo.detach().float() for lo in mb_losses]).mean()))
+            if self.recording:
+                bounds.append((t0, t1))
+                opt_ms.append(oc)
+                opt_wall.append(ow * 1e3)
+                for key, p in pert.items():
+                    apf.setdefault(key, []).append(p)
+                if job.gradient_traces:
+                    for key, (mbs, st) in norms.items():
+                        mb_sq.setdefault(key, []).append(mbs)
+                        step_sq.setdefault(key, []).append(st)
+            self.beat.tick(2 + step)
+        self.recording = self.capture = False
+        self.beat.set_phase("costs")
+        cost_rounds = self._group_costs()
+        self.beat.tick(2 + total)
+        self.beat.set_phase("lags")
+        pingpong, shapes = self._pingpong()
+        self.beat.tick(3 + total)
+        val_after = self._val_loss()
+        self.beat.tick(4 + total)
+        val = (val_before, val_after) if self.has_last and job.val_batches > 0 else ()
+        return RankResult(
+            rank=self.rank,
+            host=socket.gethostname(),
+            device=device_name(self.device),
+            stages=self.my,
+            records=tuple(
+                (r[0] - job.warmup_steps, r[1], r[2], r[3], r[4], r[5], float(r[6]))
+                for r in self.records
+            ),
+            step_bounds=tuple(bounds),
+            optimizer_ms=tuple(opt_ms),
+            optimizer_wall_ms=tuple(opt_wall),
+            losses=tuple(losses),
+            val_loss=tuple(v for v in val if v is not None),
+            groups=tuple(self.group_meta),
+            mb_sq={k: tuple(v) for k, v in mb_sq.items()},
+            step_sq={k: tuple(v) for k, v in step_sq.items()},
+            apf={k: tuple(v) for k, v in apf.items()},
+            cost_rounds=cost_rounds,
+            cost_modes={s: self._cost_mode(s) for s in self.my},
+            pingpong=pingpong,
+            act_shapes=shapes,
+            data_provenance=dict(self.data.provenance) if self.rank == 0 else {},
+            warnings=tuple(self.warnings),
+        )
+
+    def _combine_grads(self) -> dict[tuple[int, str], tuple[tuple[float, ...], float]]:
+        """Sum the stashed per-microbatch gradients into `.grad` (mean over microbatches); return norms."""
+        import torch
+
+        out: dict[tuple[int, str], tuple[tuple[float, ...], float]] = {}
+        for s in self.my:
+            per_mb = self.stash.get(s, {})
+            if sorted(per_mb) != list(range(self.M)):
+                raise RuntimeError(
+                    f"stage {s}: captured gradients for microbatches {sorted(per_mb)}, expected 0..{self.M - 1}"
+                )
+            params = self.params[s]
+            sq = torch.zeros(self.M, len(params), dtype=torch.float64)
+            for mb in range(self.M):
+                for i, g in enumerate(per_mb[mb]):
+                    if g is not None:
+                        sq[mb, i] = float(g.detach().double().pow(2).sum())
+            step_sq = torch.zeros(len(params), dtype=torch.float64)
+            with torch.no_grad():
+                for i, p in enumerate(params):
+                    gs = [per_mb[mb][i] for mb in range(self.M) if per_mb[mb][i] is not None]
+                    if gs:
+                        total = torch.stack(gs).sum(0) if len(gs) > 1 else gs[0].clone()
+                        p.grad = total.div_(self.M)
+                        step_sq[i] = float(p.grad.double().pow(2).sum())
+            for g, idx in self.group_idx[s]:
+                mbs = tuple(float(sq[mb, idx].sum()) for mb in range(self.M))
+                out[(s, g)] = (mbs, float(step_sq[idx].sum()))
+        self.stash = {}
+        return out
+
+    def _apf(self, before: list[Any]) -> dict[tuple[int, str], float]:
+        import torch
+
+        out: dict[tuple[int, str], float] = {}
+        k = 0
+        with torch.no_grad():
+            for s in self.my:
+                num = [0.0] * len(self.params[s])
+                den = [0.0] * len(self.params[s])
+                for i, p in enumerate(self.params[s]):
+                    d = p.detach() - before[k]
+                    self.apf_e[k].mul_(APF_ALPHA).add_(d, alpha=1 - APF_ALPHA)
+                    self.apf_a[k].mul_(APF_ALPHA).add_(d.abs(), alpha=1 - APF_ALPHA)
+                    num[i] = float(self.apf_e[k].abs().sum())
+                    den[i] = float(self.apf_a[k].sum())
+                    k += 1
+                for g, idx in self.group_idx[s]:
+                    n, d_ = sum(num[i] for i in idx), sum(den[i] for i in idx)
+                    out[(s, g)] = min(1.0, n / d_) if d_ > 0 else 0.0
+        return out
+
+    def _cost_mode(self, s: int) -> str:
+        """`split` when the stage's weight gradients run in W actions after an I (not stage 0), else `full`."""
+        acts = [a for a in self.plan.rank_actions[self.rank] if a.stage == s]
+        n_w = sum(a.kind == "W" for a in acts)
+        n_b = sum(a.kind == "B" for a in acts)
+        return "split" if s != 0 and n_w > n_b else "full"
+
+    def _stage_graph(self, s: int) -> tuple[list[Any], list[Any] | None, list[Any]]:
+        """A fresh forward of stage `s` on the captured microbatch: (outputs, output grads, inputs)."""
+        import torch
+
+        if s not in self.captured_in:
+            raise RuntimeError(
+                f"stage {s}: no microbatch input was captured for the cost measurement"
+            )
+        inp = tuple(
+            a.detach().clone().requires_grad_(a.requires_grad) if hasattr(a, "detach") else a
+            for a in self.captured_in[s]
+        )
+        with torch.enable_grad():
+            raw = self.mods[s](*inp)
+            if s == self.last:
+                return [self.loss_fn(raw, self.captured_target)], None, list(inp)
+        seq = list(raw) if isinstance(raw, tuple) else [raw]
+        slots = self.captured_grads.get(s, [])
+        pairs = [(t, g) for t, g in zip(seq, slots, strict=False) if g is not None]
+        if not pairs:
+            raise RuntimeError(
+                f"stage {s}: no output gradient was captured for the cost measurement"
+            )
+        return [t for t, _ in pairs], [g for _, g in pairs], list(inp)
+
+    def _group_costs(self) -> dict[int, dict[str, tuple[float, ...]]]:
+        """Leave-one-out weight-gradient cost of every group of every local stage (see module docstring)."""
+        out: dict[int, dict[str, tuple[float, ...]]] = {}
+        for s in self.my:
+            groups = self.group_idx[s]
+            every = list(range(len(self.params[s])))
+            mode = self._cost_mode(s)
+            measure = self._split_w_ms if mode == "split" else self._full_backward_ms
+            samples: dict[str, list[float]] = {"all": [], "none": []}
+            for g, _ in groups:
+                samples[g] = []
+            graph = self._stage_graph(s) if mode == "full" else None
+            for rnd in range(self.job.cost_samples + _COST_WARMUP_ROUNDS):
+                a = measure(s, graph, every)
+                loo = {
+                    g: a - measure(s, graph, [i for i in every if i not in set(idx)])
+                    for g, idx in groups
+                }
+                n = measure(s, graph, [])
+                if rnd >= _COST_WARMUP_ROUNDS:
+                    samples["all"].append(a)
+                    samples["none"].append(n)
+                    for g, v in loo.items():
+                        samples[g].append(v)
+                self.beat.tick()
+            for p in self.params[s]:
+                p.grad = None
+            out[s] = {k: tuple(v) for k, v in samples.items()}
+        return out
+
+    def _full_backward_ms(self, s: int, graph: Any, active: Sequence[int]) -> float:
+        """Cost of a full backward (input gradient plus params[active]) over the retained graph."""
+        outs, grads, inputs = graph
+        ins = [t for t in inputs if hasattr(t, "requires_grad") and t.requires_grad]
+        return self._timed_grad(outs, grads, ins + [self.params[s][i] for i in active])
+
+    def _split_w_ms(self, s: int, graph: Any, active: Sequence[int]) -> float:
+        """Cost of torch's W step for params[active] after its I step, on a fresh forward (0 if none)."""
+        from freezeopt.torchpp import adapter as torch_pp
+
+        if not active:
+            return 0.0
+        outs, grads, inputs = self._stage_graph(s)
+        weight = torch_pp.split_backward(outs, grads, inputs, self.params[s])
+        tok = self.clock.start()
+        weight(active)
+        cost = self.clock.stop(tok)
+        self.clock.sync()
+        return self.clock.resolve(cost)
+
+    def _timed_grad(self, outs: list[Any], grads: list[Any] | None, targets: list[Any]) -> float:
+        """Cost (ms) of one `autograd.grad` from `outs` to `targets` over the retained graph; 0 if no targets."""
+        import torch
+
+        if not targets:
+            return 0.0
+        tok = self.clock.start()
+        torch.autograd.grad(outs, targets, grad_outputs=grads, retain_graph=True, allow_unused=True)
+        cost = self.clock.stop(tok)
+        self.clock.sync()
+        return self.clock.resolve(cost)
+
+    def _pingpong(
+        self,
+    ) -> tuple[dict[tuple[int, int], tuple[float, ...]], dict[int, tuple[tuple[int, ...], str]]]:
+        """Round trips of each cross-rank activation's size between the two ranks (one pair at a time)."""
+        import torch
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, self.act_shapes)
+        shapes: dict[int, tuple[tuple[int, ...], str]] = {}
+        for d in gathered:
+            shapes.update(d)
+        sr = self.plan.stage_rank
+        pairs = sorted(
+            {
+                (sr[s], sr[s + 1], shapes[s])
+                for s in range(self.plan.n_stages - 1)
+                if sr[s] != sr[s + 1] and s in shapes
+            }
+        )
+        out: dict[tuple[int, int], tuple[float, ...]] = {}
+        for ra, rb, (shape, dtype) in pairs:
+            dist.barrier()
+            if self.rank not in (ra, rb):
+                continue
+            buf = torch.zeros(
+                shape, dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device
+            )
+            samples = []
+            for i in range(_LAG_WARMUP + self.job.lag_samples):
+                if self.rank == ra:
+                    t0 = time.perf_counter()
+                    dist.send(buf, rb)
+                    dist.recv(buf, rb)
+                    self.clock.sync()
+                    if i >= _LAG_WARMUP:
+                        samples.append((time.perf_counter() - t0) * 1e3 / 2)
+                else:
+                    dist.recv(buf, ra)
+                    dist.send(buf, ra)
+            self.beat.tick()
+            if self.rank == ra:
+                out[(ra, rb)] = tuple(samples)
+        dist.barrier()
+        return out, shapes
+
+    def _val_loss(self) -> float | None:
+        """Mean loss on the held-out batches (a plain forward pass, stage by stage across ranks)."""
+        return validation_loss(self.rp, self.beat)

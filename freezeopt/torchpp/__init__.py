@@ -1,0 +1,11 @@
+"""freezeopt inside torch: the one door to torch's pipelining internals, jobs, pipelines, ranks.
+
+- `adapter`: the only module that touches torch's private pipelining names (`_Action`, the
+  schedules' lowering); `enable_freezing` and `scale_group_grads` (the runtime's two calls on a
+  stage), `schedule_actions` (the per-rank action order torch really executes).
+- `job`: job specs (`Job`, `load_job`) and what a user's code returns (`ModelParts`, `DataParts`).
+- `pipeline`: stages, groups and a torch schedule built for one rank (`build_rank_pipeline`).
+- `launch`: the rank processes (gloo/nccl, spawned or under torchrun), their faults and failure.
+
+Nothing is imported here: importing this package does not load torch.
+"""

@@ -1,0 +1,666 @@
+"""Starting a job's ranks and watching them: spawn or torchrun, heartbeats, crash and hang detection.
+
+Why a module of its own: `freezeopt profile` and `freezeopt train` run the same kind of
+multi-process job and must fail the same way — one clear error naming the rank, never a wedged
+terminal or a pile of tracebacks. This module knows nothing about what a rank computes; it runs a
+picklable `target(ctx: RankContext)` on every rank and returns the ranks' results in rank order.
+
+How. On one machine `run_ranks` spawns one process per rank (gloo on CPU with one thread per rank,
+nccl on CUDA with GPU r for rank r; 127.0.0.1 and a free port). Under `torchrun` (RANK and
+WORLD_SIZE set) this process is one rank and the results are all-gathered, so every rank returns
+all of them. Each spawned rank writes its stdout/stderr to a temporary log and a heartbeat row in
+shared memory (time, progress units, phase, and the action it is computing). The parent polls:
+
+* a rank that raises reports its error and every rank is stopped; the root cause (a non-connection
+  error first, then the earliest) becomes one `RankFailedError` — or, for a user error raised in a
+  rank (a `FreezeoptError`), the same error class with `rank R: ` in front;
+* a rank without a heartbeat for `hang_timeout_s` (stuck in an action, or every rank waiting) is
+  declared hung (starting Python and torch and building the model get at least 2 minutes);
+* the whole run is bounded by `timeout_s`;
+* SIGTERM or SIGHUP to this process stops every rank, then raises `StoppedError` (exit 143/129);
+  a rank whose parent dies without cleaning up (SIGKILL) is ended by the kernel.
+
+`Fault` (`crash:rank=R,step=S` or `hang:…`) is the test-only failure both commands inject.
+`host_info`, `cpu_snapshot` and `other_cpu` measure how busy the machine was while the ranks ran,
+because timings taken next to another busy process are not worth reporting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue as queue_mod
+import re
+import resource
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from freezeopt import errors
+from freezeopt.errors import FreezeoptError, InputError, RankFailedError
+from freezeopt.torchpp.job import Job
+
+__all__ = [
+    "Beat",
+    "Fault",
+    "RankContext",
+    "cpu_snapshot",
+    "die_with_parent",
+    "host_info",
+    "in_torchrun",
+    "load_avg",
+    "other_cpu",
+    "parse_fault",
+    "run_ranks",
+]
+
+PHASES = (
+    "start",
+    "setup",
+    "validation",
+    "warmup",
+    "measure",
+    "costs",
+    "lags",
+    "train",
+    "checkpoint",
+    "done",
+)
+"""Heartbeat phases (what a rank reports it is doing; named in failure messages)."""
+_STARTUP_GRACE_S = 120.0
+_BEAT_FIELDS = 8  # per rank: time, units done, phase, computing, stage, kind, microbatch, step
+_KINDS = "FBIW"
+_CONN_WORDS = (
+    "Connection closed by peer",
+    "Connection reset",
+    "Broken pipe",
+    "timed out",
+    "Timed out",
+)
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fault:
+    """A test-only injected failure: rank `rank` crashes (raises), is killed (SIGKILL, no cleanup
+    at all) or hangs in its first forward of `step`."""
+
+    kind: Literal["crash", "kill", "hang"]
+    rank: int
+    step: int
+
+
+_FAULT_RE = re.compile(r"^(crash|kill|hang):rank=(\d+),step=(\d+)$")
+
+
+def parse_fault(text: str) -> Fault:
+    """Parse `crash:rank=1,step=2`, `kill:rank=1,step=2` or `hang:rank=0,step=3`."""
+    m = _FAULT_RE.match(text.replace(" ", ""))
+    if m is None:
+        raise InputError(
+            f"fault {text!r} is malformed; write e.g. crash:rank=1,step=2, kill:rank=1,step=2 or hang:rank=0,step=3"
+        )
+    return Fault(kind=m.group(1), rank=int(m.group(2)), step=int(m.group(3)))  # type: ignore[arg-type]
+
+
+# --- heartbeat (shared memory, one row per rank) ------------------------------------------------
+
+
+class Beat:
+    """A rank's liveness and progress, written into shared memory the parent polls."""
+
+    def __init__(self, arr: Any, rank: int) -> None:
+        self.a = arr
+        self.o = rank * _BEAT_FIELDS
+        self.step = -1
+        self.set_phase("start")
+
+    @property
+    def phase(self) -> str:
+        """The phase last set."""
+        return PHASES[int(self.a[self.o + 2])]
+
+    def set_phase(self, phase: str) -> None:
+        """Enter `phase` (one of `PHASES`)."""
+        self.a[self.o + 2] = float(PHASES.index(phase))
+        self.a[self.o + 0] = time.monotonic()
+
+    def tick(self, units: float | None = None) -> None:
+        """Alive; optionally set the progress units done (the progress bar shows the slowest rank)."""
+        self.a[self.o + 0] = time.monotonic()
+        if units is not None:
+            self.a[self.o + 1] = units
+
+    def computing(self, stage: int, kind: str, mb: int) -> None:
+        """Entering action (stage, kind, microbatch) of step `self.step`."""
+        a, o = self.a, self.o
+        a[o + 0] = time.monotonic()
+        a[o + 3] = 1.0
+        a[o + 4] = stage
+        a[o + 5] = _KINDS.index(kind)
+        a[o + 6] = mb
+        a[o + 7] = self.step
+
+    def idle(self) -> None:
+        """Left the action."""
+        self.a[self.o + 0] = time.monotonic()
+        self.a[self.o + 3] = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _BeatView:
+    """What the parent reads about one rank."""
+
+    ts: float
+    units: float
+    phase: str
+    computing: bool
+    action: str
+    step: int
+
+
+def _read_beat(arr: Any, rank: int) -> _BeatView:
+    o = rank * _BEAT_FIELDS
+    v = [arr[o + i] for i in range(_BEAT_FIELDS)]
+    action = f"{int(v[4])}{_KINDS[int(v[5])]}{int(v[6])}"
+    return _BeatView(
+        ts=v[0],
+        units=v[1],
+        phase=PHASES[int(v[2])],
+        computing=v[3] > 0.5,
+        action=action,
+        step=int(v[7]),
+    )
+
+
+# --- one rank -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankContext:
+    """What a rank's target gets: its rank, the world size, its device and its heartbeat."""
+
+    rank: int
+    world: int
+    device: Any
+    beat: Beat
+
+
+def rank_device(job: Job, local_rank: int) -> Any:
+    """The rank's torch device: GPU `local_rank` for cuda jobs; CPU with one thread otherwise."""
+    import torch
+
+    if job.device == "cuda":
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+        return dev
+    torch.set_num_threads(1)
+    return torch.device("cpu")
+
+
+def _init_pg(rank: int, world: int, device: Any, init_method: str, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+        **kwargs,
+    )
+
+
+def _worker(
+    target: Callable[[RankContext], Any],
+    job: Job,
+    rank: int,
+    world: int,
+    init_method: str,
+    beat_arr: Any,
+    q: Any,
+    log_path: str,
+    parent: int,
+) -> None:
+    """Entry point of a spawned rank: run, then put ('result', rank, R) or ('error', …) on `q`."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    die_with_parent(parent)
+    beat = Beat(beat_arr, rank)
+    code = 0
+    try:
+        import torch.distributed as dist
+
+        device = rank_device(job, rank)
+        _init_pg(rank, world, device, init_method, timeout_s=2 * job.hang_timeout_s)
+        try:
+            res = target(RankContext(rank, world, device, beat))
+        finally:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        beat.set_phase("done")
+        q.put(("result", rank, res))
+    except BaseException as e:  # report everything, including KeyboardInterrupt, then exit non-zero
+        code = 1
+        traceback.print_exc()
+        user = type(e).__name__ if isinstance(e, FreezeoptError) else None
+        q.put(("error", rank, time.monotonic(), beat.step, beat.phase, _one_line(e), user))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        q.close()
+        q.join_thread()
+    os._exit(code)
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process (a rank, or a rank's re-plan solver) when the process that started it is
+    gone (SIGKILLed, say), so nothing is left running, or holding a port, behind a dead parent. On
+    Linux the kernel delivers SIGKILL (`prctl(PR_SET_PDEATHSIG)`); elsewhere a thread polls the
+    parent's pid."""
+    with contextlib.suppress(OSError, AttributeError):
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+                if os.getppid() != parent:  # the parent died before the prctl
+                    os._exit(1)
+                return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="freezeopt-parent-watch", daemon=True).start()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+@contextlib.contextmanager
+def _stop_on_signals(outcome: Callable[[], str]) -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into `StoppedError` while ranks run, so the rank processes are
+    stopped (the `finally` in `_launch_local`) before this process exits; the default handlers
+    would end it on the spot and leave the ranks running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        raise errors.StoppedError(
+            f"stopped by {name}; every rank was stopped and {outcome()}", signum=signum
+        )
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    if first.startswith("[") and "gloo" in first and "]" in first:
+        first = first.split("]", 1)[1].strip()
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+# --- launching ----------------------------------------------------------------------------------
+
+
+def in_torchrun() -> bool:
+    """True when launched by torchrun (or another launcher that sets RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_ranks(
+    job: Job,
+    target: Callable[[RankContext], R],
+    *,
+    total_units: float,
+    progress: bool,
+    verb: str,
+    outcome: Callable[[], str],
+    log_prefix: str,
+) -> list[R]:
+    """Run `target` on every rank of `job`; return the ranks' results in rank order.
+
+    `target` must be picklable (a module-level function or a `functools.partial` of one). It
+    reports progress through `ctx.beat`; `total_units` sizes the progress bar (`verb` names it,
+    e.g. "profiling"). `outcome()` ends a failure message (e.g. "no profile was written"), said
+    as things stand when the failure comes.
+    Raises `RankFailedError` on a crash, hang or timeout, or the user error a rank raised.
+    """
+    if in_torchrun():
+        return _run_torchrun(job, target)
+    return _launch_local(
+        job,
+        target,
+        total_units=total_units,
+        progress=progress,
+        verb=verb,
+        outcome=outcome,
+        log_prefix=log_prefix,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch_local(
+    job: Job,
+    target: Callable[[RankContext], R],
+    *,
+    total_units: float,
+    progress: bool,
+    verb: str,
+    outcome: Callable[[], str],
+    log_prefix: str,
+) -> list[R]:
+    import torch.multiprocessing as mp
+
+    world = job.ranks
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    beat_arr = ctx.Array("d", world * _BEAT_FIELDS, lock=False)
+    now = time.monotonic()
+    for r in range(world):
+        beat_arr[r * _BEAT_FIELDS] = now
+    logdir = Path(tempfile.mkdtemp(prefix=f"freezeopt-{log_prefix}-"))
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(
+                target,
+                job,
+                r,
+                world,
+                init,
+                beat_arr,
+                q,
+                str(logdir / f"rank{r}.log"),
+                os.getpid(),
+            ),
+            name=f"freezeopt-rank{r}",
+            daemon=True,
+        )
+        for r in range(world)
+    ]
+    keep_logs = True
+    try:
+        with _stop_on_signals(outcome):
+            for p in procs:
+                p.start()
+            with _progress_bar(progress, verb, job.name, total_units) as update:
+                results = _supervise(job, procs, q, beat_arr, logdir, update, outcome)
+        keep_logs = False
+        return results
+    except FreezeoptError as e:  # a user error raised inside a rank: its one line says everything
+        if not isinstance(e, RankFailedError):
+            keep_logs = False
+        raise
+    except KeyboardInterrupt:  # Ctrl-C: said as SIGTERM's stop is (exit 130)
+        raise errors.StoppedError(
+            f"interrupted (Ctrl-C); every rank was stopped and {outcome()}", signum=signal.SIGINT
+        ) from None
+    finally:
+        started = [p for p in procs if p.pid is not None]
+        for p in started:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + 5
+        for p in started:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1)
+        q.close()
+        if not keep_logs:
+            shutil.rmtree(logdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _progress_bar(
+    enabled: bool, verb: str, name: str, total: float
+) -> Iterator[Callable[[float, str], None]]:
+    if not enabled:
+        yield lambda done, phase: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn(f"[bold]{verb} {{task.fields[name]}}[/] {{task.fields[phase]:<10}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(verb, total=total, name=name, phase="start")
+
+        def update(done: float, phase: str) -> None:
+            bar.update(task, completed=min(done, total), phase=phase)
+
+        yield update
+
+
+_Err = tuple[float, int, str, str, str | None]  # time, step, phase, message, user-error class
+
+
+def _supervise(
+    job: Job,
+    procs: list[Any],
+    q: Any,
+    beat_arr: Any,
+    logdir: Path,
+    update: Callable[[float, str], None],
+    outcome: Callable[[], str],
+) -> list[Any]:
+    """Collect results; on a crash or hang raise one clear error naming the rank (module docstring)."""
+    world = len(procs)
+    results: dict[int, Any] = {}
+    errs: dict[int, _Err] = {}
+    dead_since: dict[int, float] = {}
+    first_bad: float | None = None
+    t0 = time.monotonic()
+    while len(results) < world:
+        try:
+            msg = q.get(timeout=0.2)
+        except queue_mod.Empty:
+            msg = None
+        now = time.monotonic()
+        if msg is not None:
+            if msg[0] == "result":
+                results[msg[1]] = msg[2]
+            else:
+                _, r, ts, step, phase, text, user = msg
+                errs.setdefault(r, (ts, step, phase, text, user))
+                first_bad = first_bad or now
+            continue
+        for r, p in enumerate(procs):
+            if p.exitcode is not None and r not in results and r not in errs:
+                dead_since.setdefault(r, now)
+                # killed by a signal: no report can come; otherwise give the report 2 s to arrive
+                if p.exitcode < 0 or now - dead_since[r] > 2.0:
+                    how = (
+                        f"killed by signal {-p.exitcode}"
+                        if p.exitcode < 0
+                        else f"exit code {p.exitcode}"
+                    )
+                    b = _read_beat(beat_arr, r)
+                    errs[r] = (
+                        b.ts,
+                        b.step,
+                        b.phase,
+                        f"the process died ({how}) without reporting an error",
+                        None,
+                    )
+                    first_bad = first_bad or now
+        if (
+            errs
+            and first_bad is not None
+            and (now - first_bad > 1.5 or all(p.exitcode is not None for p in procs))
+        ):
+            raise _failure(errs, logdir, outcome)
+        views = [_read_beat(beat_arr, r) for r in range(world)]
+        live = [r for r in range(world) if r not in results]
+        stale = [r for r in live if now - views[r].ts > _hang_limit(job, views[r])]
+        stuck = [r for r in stale if views[r].computing]
+        if stuck or (live and len(stale) == len(live)):
+            raise _hang(job, views, stuck or stale, live, logdir, outcome)
+        if now - t0 > job.timeout_s:
+            slow = min(live, key=lambda r: views[r].units)
+            raise RankFailedError(
+                f"the run took longer than timeout_s={job.timeout_s:g} s (slowest: rank {slow} in {views[slow].phase}); "
+                f"every rank was stopped and {outcome()} (rank logs: {logdir})",
+                rank=slow,
+                cause="timeout",
+            )
+        slowest = min(views, key=lambda v: v.units)
+        update(slowest.units, slowest.phase)
+    return [results[r] for r in range(world)]
+
+
+def _hang_limit(job: Job, view: _BeatView) -> float:
+    """How long a rank may go without a heartbeat: starting Python and torch, and building the model
+    and data (one long call that cannot report progress), get at least 2 minutes."""
+    if view.phase in ("start", "setup"):
+        return max(job.hang_timeout_s, _STARTUP_GRACE_S)
+    return job.hang_timeout_s
+
+
+def _failure(errs: dict[int, _Err], logdir: Path, outcome: Callable[[], str]) -> FreezeoptError:
+    """The root cause among the ranks' errors: a non-connection error first, then the earliest."""
+    ranked = sorted(
+        errs.items(), key=lambda kv: (any(w in kv[1][3] for w in _CONN_WORDS), kv[1][0])
+    )
+    r, (_, step, phase, text, user) = ranked[0]
+    if user is not None:
+        cls = getattr(errors, user, None)
+        if not (isinstance(cls, type) and issubclass(cls, FreezeoptError)):
+            cls = FreezeoptError
+        return cls(f"rank {r}: {text.split(': ', 1)[-1]}")
+    where = f"step {step} ({phase})" if step >= 0 else phase
+    return RankFailedError(
+        f"rank {r} failed in {where}: {text}; every rank was stopped and {outcome()} "
+        f"(rank log: {logdir / f'rank{r}.log'})",
+        rank=r,
+        cause=text,
+    )
+
+
+def _hang(
+    job: Job,
+    views: list[_BeatView],
+    suspects: list[int],
+    live: list[int],
+    logdir: Path,
+    outcome: Callable[[], str],
+) -> RankFailedError:
+    r = min(suspects, key=lambda k: (not views[k].computing, views[k].ts))
+    v = views[r]
+    doing = (
+        f"in action {v.action} of step {v.step}" if v.computing else f"in {v.phase} (step {v.step})"
+    )
+    others = [k for k in live if k != r]
+    tail = ""
+    if len(others) == 1:
+        tail = f"; rank {others[0]} was waiting"
+    elif others:
+        tail = f"; ranks {', '.join(map(str, others))} were waiting"
+    return RankFailedError(
+        f"rank {r} hung {doing}: no progress for {job.hang_timeout_s:g} s{tail}; every rank was stopped and "
+        f"{outcome()} (raise hang_timeout_s if actions really take that long; rank log: {logdir / f'rank{r}.log'})",
+        rank=r,
+        cause="hang",
+    )
+
+
+def _run_torchrun(job: Job, target: Callable[[RankContext], R]) -> list[R]:
+    """This process is one rank of a torchrun job: run it, then all-gather every rank's result."""
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != job.ranks:
+        raise InputError(
+            f"torchrun started {world} processes but the job has ranks: {job.ranks}; make them equal"
+        )
+    device = rank_device(job, int(os.environ.get("LOCAL_RANK", "0")))
+    _init_pg(rank, world, device, "env://", timeout_s=job.hang_timeout_s)
+    try:
+        beat = Beat([0.0] * (world * _BEAT_FIELDS), rank)
+        res = target(RankContext(rank, world, device, beat))
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, res)
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    return gathered
+
+
+# --- how busy the machine was -------------------------------------------------------------------
+
+
+def load_avg() -> tuple[float, float, float] | None:
+    """The 1/5/15-minute load averages, where the OS reports them."""
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def cpu_snapshot() -> tuple[float, float] | None:
+    """(busy CPU-seconds of the whole machine, CPU-seconds of this process and its reaped children)."""
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = v[0] + v[1] + v[2] + sum(v[5:8])  # user, nice, system, irq, softirq, steal
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ours = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return busy / os.sysconf("SC_CLK_TCK"), ours
+
+
+def other_cpu(
+    before: tuple[float, float] | None, after: tuple[float, float] | None, wall: float
+) -> dict[str, Any]:
+    """CPU time other processes used while the ranks ran (Linux; empty elsewhere)."""
+    if before is None or after is None or wall <= 0:
+        return {}
+    other = max(0.0, (after[0] - before[0]) - (after[1] - before[1]))
+    return {"other_cpu_s": other, "other_cpu_cores": other / wall}
+
+
+def host_info() -> dict[str, Any]:
+    """CPU counts and the load average before a run."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 1
+    return {"cpus": os.cpu_count(), "usable_cpus": usable, "load_avg_before": load_avg()}

@@ -1,0 +1,427 @@
+"""The runtime controller: replays a schedule in training, watches the run, falls back on drift.
+
+Framework-free and small. Given a schedule and the stages one rank serves, it answers three
+questions per optimizer step: which parameter groups the backward of microbatch m of stage s
+skips (`frozen_groups`), by how much each group's accumulated gradient must be rescaled so it
+stays an unbiased mean over the microbatches that did update it (`grad_scales`: M/(M−k), or
+`None` for a group frozen in all M — its gradient stays `None` and the optimizer skips it), and,
+after the step, whether the run has drifted (`end_step`).
+
+The schedule's `realisation` says what is frozen. `groups` (the default): whole groups where
+`frozen` lists them; a fractional `ratios` entry r freezes its group in that microbatch with
+probability r, drawn with the realisation's seed. `random_tensors` (TimelyFreeze's realisation):
+in microbatch m of stage s, round(r·n) of the stage's n parameter tensors, chosen at random, where
+r is the stage's share of frozen tensors that `frozen` and `ratios` imply for m; the answers are
+then about tensors (`unit`), and the caller passes the tensor count of each group. Random draws are
+redrawn every `redraw_every` steps, seeded by (seed, stage, microbatch, window) alone, so every
+rank and every resumed run draws the same. `realisation.rescale: false` turns rescaling off.
+
+Phases follow the schedule file: full updates for `warmup_steps`, then freezing, interrupted by a
+full-update window of `full_update_steps` every `full_update_every` steps. Drift rules (defaults in
+the schedule's `phases.drift`):
+
+* non-finite loss or gradient norm;
+* loss above its recent trend: the mean of the last 3 losses exceeds the median of the 20 losses
+  before them by more than `loss_rise` (relative);
+* gradient-norm spike: a group's norm exceeds `grad_norm_spike` × its median over the last 20 steps;
+* step time off the prediction: the median of the last 5 freezing steps' times differs from the
+  expected freezing step time by more than `step_time_error` (relative; pass `step_ms=None` to
+  skip a step, e.g. the first ones, which include torch's one-time setup). The expected time is
+  the schedule's `predicted_ms`, calibrated once the controller has seen 3 full-update steps:
+  `predicted_ms × (median full-update step time / baseline_ms)`. The profile's DAG leaves out a
+  little per-step overhead (Python, posting sends and receives), so the raw prediction is off by a
+  roughly constant share on a given machine; the calibrated rule fires when freezing does not
+  deliver the *speed-up* the schedule predicted, which is what makes a schedule stale.
+
+On drift the controller falls back to full updates for `fallback_steps` and records an event; with
+`rollback=True`, when a loss, gradient or non-finite rule fired (a step-time drift alone says
+nothing against the weights), it also asks the caller to restore the last checkpoint (`Decision.rollback`) and
+then to hand back the checkpoint's controller state through `rollback_to`, which restores the
+loss trend the restored weights belong to while keeping the fallback window. Its
+state is a plain dict (`state_dict`/`load_state_dict`, torch's Stateful protocol) so a resumed run
+continues where it stopped. Events are plain dicts, ready for a JSONL log.
+
+Online re-planning (`freezeopt.training.replan`): with `replan_on_drift=True`, a step-time drift alone (no
+other rule fired) does not fall back; the decision asks the caller to re-plan instead
+(`Decision.replan`; the drift event says `"response": "replan"`), since a plan made stale by changed
+costs is cured by a new plan, not by the slower full updates. `set_schedule` switches to a new plan
+between steps (same pipeline and groups), keeping the phase, the histories and the fallback window;
+the step-time rule then expects the new plan's prediction, calibrated by the full-update steps seen
+under it or, until there are 3 of them, by the ratio measured under the plan before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from freezeopt.errors import InputError, MismatchError
+from freezeopt.formats.schedule import Schedule, parse_microbatches
+
+__all__ = ["Decision", "FreezeController"]
+
+_LOSS_WINDOW = 20
+_LOSS_RECENT = 3
+_GRAD_WINDOW = 20
+_TIME_WINDOW = 5
+_FULL_WINDOW = 20
+_FULL_MIN = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What `end_step` concluded."""
+
+    drift: tuple[str, ...] = ()
+    """Names of the rules that fired (empty: no drift)."""
+    rollback: bool = False
+    """The caller should restore the last checkpoint."""
+    events: tuple[dict[str, Any], ...] = ()
+    """Events to log (from `end_step`: drifts, with the fallback or re-plan they cause; phase
+    changes come from `begin_step`)."""
+    replan: bool = False
+    """The step-time rule fired and, with `replan_on_drift`, asks for a new plan (no fallback)."""
+
+
+@dataclass(slots=True)
+class _State:
+    step: int = -1
+    phase: str = "init"
+    fallback_until: int = -1
+    # the reference window and the recent losses but the current one, which `end_step` adds
+    losses: deque[float] = field(
+        default_factory=lambda: deque(maxlen=_LOSS_WINDOW + _LOSS_RECENT - 1)
+    )
+    grad_norms: dict[str, deque[float]] = field(default_factory=dict)
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_TIME_WINDOW))
+    full_times: deque[float] = field(default_factory=lambda: deque(maxlen=_FULL_WINDOW))
+    fallbacks: int = 0
+
+
+class FreezeController:
+    """Replays `schedule` for the stages in `stages` (the ones this rank runs)."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        *,
+        stages: Sequence[int],
+        rescale: bool = True,
+        rollback: bool = False,
+        tensors: Mapping[int, Sequence[int]] | None = None,
+        replan_on_drift: bool = False,
+    ) -> None:
+        pipe = schedule.pipeline
+        bad = [s for s in stages if not 0 <= s < pipe.n_stages]
+        if bad:
+            raise MismatchError(f"stage {bad[0]} is not in the schedule's {pipe.n_stages} stages")
+        self.stages = tuple(stages)
+        self.rollback = rollback
+        self.replan_on_drift = replan_on_drift
+        self._rescale_arg = rescale
+        self._tensor_arg = tensors
+        self._calib: float | None = None
+        self._state = _State()
+        self._load_plan(schedule)
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        """Switch to a new plan from the next `begin_step` on (online re-planning). The pipeline
+        and groups must be the schedule's; phase, histories and fallback window are kept."""
+        old = self.schedule
+        if schedule.pipeline != old.pipeline:
+            raise MismatchError("a new plan must be for the same pipeline and parameter groups")
+        st = self._state
+        if len(st.full_times) >= _FULL_MIN and old.prediction.baseline_ms > 0:
+            self._calib = statistics.median(st.full_times) / old.prediction.baseline_ms
+        st.full_times.clear()
+        st.step_times.clear()
+        self._load_plan(schedule)
+
+    def _load_plan(self, schedule: Schedule) -> None:
+        pipe = schedule.pipeline
+        tensors = self._tensor_arg
+        self.schedule = schedule
+        real = schedule.realisation
+        self.rescale = self._rescale_arg and real.rescale
+        self.n_microbatches = pipe.n_microbatches
+        self.unit: str = "tensor" if real.kind == "random_tensors" else "group"
+        """What `frozen_groups` and `grad_scales` index: `group`s, or parameter `tensor`s of the
+        stage (in group order, then parameter order) for the `random_tensors` realisation."""
+        self._tensors: dict[int, tuple[int, ...]] = {}
+        if self.unit == "tensor":
+            if tensors is None:
+                raise InputError(
+                    "the schedule's realisation is random_tensors: pass the number of parameter "
+                    "tensors of each group (tensors={stage: [count per group]})"
+                )
+            for s in self.stages:
+                counts = tuple(int(c) for c in tensors[s])
+                if len(counts) != len(pipe.groups[s]):
+                    raise MismatchError(
+                        f"stage {s}: {len(counts)} tensor counts for {len(pipe.groups[s])} groups"
+                    )
+                self._tensors[s] = counts
+        # (stage, microbatch) → group → extent to freeze: 1 (listed under `frozen`) or a ratio
+        self._extent: dict[tuple[int, int], dict[int, float]] = {}
+        for s in self.stages:
+            names = pipe.groups[s]
+            for name, mbs in schedule.frozen.get(s, {}).items():
+                for m in parse_microbatches(mbs, self.n_microbatches):
+                    self._extent.setdefault((s, m), {})[names.index(name)] = 1.0
+            for name, per_mb in schedule.ratios.get(s, {}).items():
+                for m, r in per_mb.items():
+                    ext = self._extent.setdefault((s, m), {})
+                    ext[names.index(name)] = max(ext.get(names.index(name), 0.0), float(r))
+        self._random = self.unit == "tensor" or any(
+            0 < r < 1 for ext in self._extent.values() for r in ext.values()
+        )
+        # Phases must be the same on every rank, so whether there is anything to freeze at all is
+        # decided from the whole schedule, not from this rank's stages.
+        self._freezes = any(
+            parse_microbatches(mbs, self.n_microbatches)
+            for groups in schedule.frozen.values()
+            for mbs in groups.values()
+        ) or any(r > 0 for g in schedule.ratios.values() for mb in g.values() for r in mb.values())
+        self._window = -1
+        self._plan: dict[tuple[int, int], frozenset[int]] = {}
+        self._draw(max(0, self._state.step))
+
+    def _draw(self, step: int) -> None:
+        """The plan of the redraw window holding `step` (deterministic: same on every rank)."""
+        real = self.schedule.realisation
+        window = step // real.redraw_every if self._random else 0
+        if window == self._window:
+            return
+        self._window = window
+        plan: dict[tuple[int, int], frozenset[int]] = {}
+        for (s, m), ext in sorted(self._extent.items()):
+            if self.unit == "tensor":
+                counts = self._tensors[s]
+                n = sum(counts)
+                r = sum(counts[g] * x for g, x in ext.items()) / n if n else 0.0
+                k = math.floor(r * n + 0.5)
+                units = frozenset(_rng(real.seed, s, m, -1, window).sample(range(n), k))
+            else:
+                units = frozenset(
+                    g
+                    for g, x in ext.items()
+                    if x >= 1.0 or (x > 0 and _rng(real.seed, s, m, g, window).random() < x)
+                )
+            if units:
+                plan[(s, m)] = units
+        self._plan = plan
+
+    # -- per step -------------------------------------------------------------------------
+    def begin_step(self, step: int) -> list[dict[str, Any]]:
+        """Enter optimizer step `step`; returns phase-change events."""
+        st = self._state
+        st.step = step
+        self._draw(step)
+        phase = self._phase_of(step)
+        events = []
+        if phase != st.phase:
+            events.append({"step": step, "event": "phase", "from": st.phase, "to": phase})
+            st.phase = phase
+        return events
+
+    @property
+    def phase(self) -> str:
+        """`warmup`, `freeze`, `full_window` or `fallback` (`init` before the first step)."""
+        return self._state.phase
+
+    def phase_at(self, step: int) -> str:
+        """The phase `begin_step(step)` would enter, given what the controller knows now."""
+        return self._phase_of(step)
+
+    @property
+    def step(self) -> int:
+        """The step last begun (-1 before the first)."""
+        return self._state.step
+
+    def frozen_plan(self, stage: int) -> dict[int, frozenset[int]]:
+        """Microbatch → unit indices frozen in freezing phases (the current plan for `stage`)."""
+        return {m: gs for (s, m), gs in sorted(self._plan.items()) if s == stage}
+
+    def expected_step_ms(self) -> float:
+        """The freezing step time the step-time rule expects (see the module docstring)."""
+        pred = self.schedule.prediction
+        full = self._state.full_times
+        if len(full) >= _FULL_MIN and pred.baseline_ms > 0:
+            return pred.predicted_ms * statistics.median(full) / pred.baseline_ms
+        if self._calib is not None:
+            return pred.predicted_ms * self._calib
+        return pred.predicted_ms
+
+    @property
+    def freezing(self) -> bool:
+        """True when this step replays the schedule."""
+        return self._state.phase == "freeze"
+
+    def frozen_groups(self, stage: int, microbatch: int) -> frozenset[int]:
+        """Unit indices (groups, or tensors: see `unit`) whose weight gradients the backward of
+        (stage, microbatch) skips."""
+        if not self.freezing:
+            return frozenset()
+        return self._plan.get((stage, microbatch), frozenset())
+
+    def grad_scales(self, stage: int) -> dict[int, float | None]:
+        """Per unit frozen in some microbatch this step: the gradient factor M/(M−k) (when
+        rescaling), or None if frozen in all M (its gradient must stay None)."""
+        if not self.freezing:
+            return {}
+        m = self.n_microbatches
+        counts: dict[int, int] = {}
+        for mb in range(m):
+            for g in self._plan.get((stage, mb), ()):
+                counts[g] = counts.get(g, 0) + 1
+        out: dict[int, float | None] = {}
+        for g, k in counts.items():
+            if k >= m:
+                out[g] = None
+            elif self.rescale:
+                out[g] = m / (m - k)
+        return out
+
+    def end_step(
+        self,
+        *,
+        loss: float,
+        grad_norms: Mapping[str, float] | None = None,
+        step_ms: float | None = None,
+    ) -> Decision:
+        """Record the step's loss, per-group gradient norms and step time; check the drift rules."""
+        st, drift_cfg = self._state, self.schedule.phases.drift
+        fired: list[str] = []
+        norms = dict(grad_norms or {})
+        if not math.isfinite(loss) or any(not math.isfinite(v) for v in norms.values()):
+            fired.append("nonfinite")
+        else:
+            if len(st.losses) >= _LOSS_WINDOW // 2 + _LOSS_RECENT:
+                hist = list(st.losses)
+                recent = [*hist[-(_LOSS_RECENT - 1) :], loss]
+                ref = statistics.median(hist[: -(_LOSS_RECENT - 1)])
+                if ref > 0 and statistics.fmean(recent) > ref * (1 + drift_cfg.loss_rise):
+                    fired.append("loss_rise")
+            for name, v in norms.items():
+                hist_g = st.grad_norms.get(name)
+                if hist_g is not None and len(hist_g) >= _GRAD_WINDOW // 2:
+                    med = statistics.median(hist_g)
+                    if med > 0 and v > drift_cfg.grad_norm_spike * med:
+                        fired.append(f"grad_norm_spike:{name}")
+            if step_ms is not None and math.isfinite(step_ms) and self.freezing:
+                st.step_times.append(step_ms)
+                pred = self.expected_step_ms()
+                if len(st.step_times) == _TIME_WINDOW and pred > 0:
+                    med_t = statistics.median(st.step_times)
+                    if abs(med_t - pred) / pred > drift_cfg.step_time_error:
+                        fired.append("step_time")
+            elif step_ms is not None and math.isfinite(step_ms):
+                st.full_times.append(step_ms)
+        if math.isfinite(loss) and not fired:
+            st.losses.append(loss)
+            for name, v in norms.items():
+                st.grad_norms.setdefault(name, deque(maxlen=_GRAD_WINDOW)).append(v)
+        events: list[dict[str, Any]] = []
+        if fired == ["step_time"] and self.replan_on_drift:
+            st.step_times.clear()
+            events.append(
+                {
+                    "step": st.step,
+                    "event": "drift",
+                    "rules": fired,
+                    "loss": loss,
+                    "response": "replan",
+                }
+            )
+            return Decision(drift=tuple(fired), events=tuple(events), replan=True)
+        # a slow step says nothing against the weights: only the loss and gradient rules roll back
+        rollback = self.rollback and any(r != "step_time" for r in fired)
+        if fired:
+            st.fallbacks += 1
+            st.fallback_until = st.step + drift_cfg.fallback_steps
+            st.step_times.clear()
+            events.append(
+                {
+                    "step": st.step,
+                    "event": "drift",
+                    "rules": fired,
+                    "loss": loss if math.isfinite(loss) else str(loss),
+                    "fallback_until": st.fallback_until,
+                    "rollback": rollback,
+                }
+            )
+        return Decision(drift=tuple(fired), rollback=rollback, events=tuple(events))
+
+    @property
+    def fallbacks(self) -> int:
+        """How many times drift made the controller fall back."""
+        return self._state.fallbacks
+
+    # -- phases ---------------------------------------------------------------------------
+    def _phase_of(self, step: int) -> str:
+        ph = self.schedule.phases
+        if step < ph.warmup_steps:
+            return "warmup"
+        if step <= self._state.fallback_until:
+            return "fallback"
+        if not self._freezes:
+            return "full_window"
+        if ph.full_update_every > 0:
+            since = step - ph.warmup_steps
+            if since > 0 and since % ph.full_update_every < ph.full_update_steps:
+                return "full_window"
+        return "freeze"
+
+    # -- checkpointing --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data state (torch's Stateful protocol)."""
+        st = self._state
+        return {
+            "step": st.step,
+            "phase": st.phase,
+            "fallback_until": st.fallback_until,
+            "losses": list(st.losses),
+            "grad_norms": {k: list(v) for k, v in st.grad_norms.items()},
+            "step_times": list(st.step_times),
+            "full_step_times": list(st.full_times),
+            "fallbacks": st.fallbacks,
+            "calibration": self._calib,
+        }
+
+    def rollback_to(self, state: Mapping[str, Any]) -> None:
+        """After restoring a checkpoint's weights: take back its loss, gradient-norm and step-time
+        history (the trend the restored weights belong to), but keep the current step, phase,
+        fallback window and fallback count, so the fallback that caused the rollback still runs."""
+        now = self._state
+        self.load_state_dict(state)
+        st = self._state
+        st.step, st.phase = now.step, now.phase
+        st.fallback_until, st.fallbacks = now.fallback_until, now.fallbacks
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()` output."""
+        st = _State()
+        st.step = int(state["step"])
+        st.phase = str(state["phase"])
+        st.fallback_until = int(state["fallback_until"])
+        st.losses.extend(float(x) for x in state["losses"])
+        for k, v in state["grad_norms"].items():
+            st.grad_norms[k] = deque((float(x) for x in v), maxlen=_GRAD_WINDOW)
+        st.step_times.extend(float(x) for x in state["step_times"])
+        st.full_times.extend(float(x) for x in state.get("full_step_times", ()))
+        st.fallbacks = int(state["fallbacks"])
+        self._state = st
+        calib = state.get("calibration")
+        self._calib = None if calib is None else float(calib)
+
+
+def _rng(seed: int, stage: int, microbatch: int, group: int, window: int) -> random.Random:
+    """A generator for one draw, the same in every process (no dependence on hash seeds)."""
+    key = f"{seed}:{stage}:{microbatch}:{group}:{window}".encode()
+    return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))

@@ -1,0 +1,681 @@
+"""`freezeopt train`: train a job with its schedule replayed, and compare the time saved with the prediction.
+
+Why: a schedule is only worth the time it saves in real training. `train_job` runs the job's
+pipeline (the same ranks, stages, groups and optimizer `freezeopt profile` measured — both build it
+through `freezeopt.torchpp.pipeline`) with the runtime controller (`freezeopt.training.runtime.FreezeController`)
+skipping the frozen groups' weight-gradient work per microbatch (`freezeopt.training.rank` is the rank
+side), watches the run, falls back to full updates on drift, checkpoints, and reports measured
+against predicted step time.
+
+Before any process starts, the schedule is checked against the job: the job's pipeline shape
+(schedule kind, ranks, stages, microbatches, stage-to-rank map) is built from torch's schedule
+classes and its parameter groups from the model on the meta device; any difference is a
+`MismatchError` naming it.
+
+How the speed-up is measured: side by side in the same run (DESIGN §7). Steps that replay the
+schedule ("freezing steps") are compared with the run's full-update steps — warm-up, periodic
+full-update windows and fallbacks — which run the identical code with nothing frozen. Both sides
+are medians of the barrier-to-last-rank step time (the profiler's definition: optimizer excluded),
+leaving out the first `job.warmup_steps` steps of the run (torch's one-time setup). The predicted
+side is the schedule's `prediction` (`baseline_ms` / `predicted_ms`). Use `--full-update-every`
+to interleave full-update steps with freezing ones, so a change of machine load hits both alike.
+
+Files in `out_dir`: `events.jsonl` (phase changes, drifts, rollbacks, checkpoints, resumes),
+`metrics.jsonl` (per step: phase, loss, step time, optimizer time, gradient norm per group; and
+validation losses), `actions.json` (the action timeline of a representative freezing step and
+full-update step, for `freezeopt simulate --measured`), `report.json` (the `TrainReport`),
+`checkpoints/` (see `freezeopt.training.checkpoint`), `tensorboard/` when TensorBoard is installed, and
+with online re-planning `replans/step-NNNNNNNN.yaml`: each re-plan's schedule file, named by the
+first step that runs it.
+
+Online re-planning (`replan_every`, `replan_on_drift`; needs the schedule's `profile`): the run
+re-solves from its own measured action costs, off the critical path, and every rank switches to
+the new plan at the same step (`freezeopt.training.replan`, `freezeopt.training.rank`). Each re-plan is an event
+with the old and new plan's step time predicted on the updated costs; the report counts them.
+Without `resume` a run starts afresh and replaces these files; with it, it continues from the last
+complete checkpoint (same job and schedule; `steps` is the step to train to).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from freezeopt.errors import InputError, MismatchError
+from freezeopt.fileio import atomic_write_text, check_output_folder
+from freezeopt.formats.profile import load_profile, profile_sha256
+from freezeopt.formats.schedule import (
+    Schedule,
+    check_phase_flags,
+    dump_schedule,
+    group_lists,
+    load_schedule,
+    schedule_sha256,
+)
+from freezeopt.profiling.assemble import OTHERS_BUSY
+from freezeopt.solver import MODES, Mode
+from freezeopt.torchpp.job import Job, open_job
+from freezeopt.torchpp.launch import (
+    cpu_snapshot,
+    host_info,
+    in_torchrun,
+    load_avg,
+    other_cpu,
+    run_ranks,
+)
+from freezeopt.torchpp.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
+from freezeopt.training import checkpoint as ckpt
+from freezeopt.training.faults import parse_train_faults
+from freezeopt.training.rank import RankTrainResult, TrainSpec, jsonable, train_rank
+from freezeopt.training.replan import ReplanSpec, check_profile_fits
+
+__all__ = ["TrainReport", "check_schedule_fits", "format_train_report", "train_job"]
+
+COMPARISON = (
+    "side by side in one run: freezing steps against the run's full-update steps (warm-up, "
+    "full-update windows, fallbacks); medians of barrier-to-last-rank step time, optimizer excluded"
+)
+_RUN_FILES = ("events.jsonl", "metrics.jsonl", "actions.json", "report.json")
+_RUN_DIRS = ("checkpoints", "tensorboard", "replans")
+_NOT_TRAINING = (  # job fields that do not change the training trajectory (a resume may differ)
+    "name",
+    "warmup_steps",
+    "measure_steps",
+    "cost_samples",
+    "lag_samples",
+    "val_batches",
+    "gradient_traces",
+    "hang_timeout_s",
+    "timeout_s",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainReport:
+    """The summary of one training run (`to_dict` for `--json`; the files hold the detail)."""
+
+    job: str
+    schedule: str | None
+    """The schedule file replayed (None: trained without freezing)."""
+    pipeline: str
+    """torch schedule name or `csv:<file>`."""
+    world_size: int
+    n_stages: int
+    n_microbatches: int
+    device: str
+    start_step: int
+    """First step run (after a resume: the checkpoint's step)."""
+    end_step: int
+    step_ms: float | None
+    """Median measured step time of the freezing steps (without freezing steps: of all measured)."""
+    full_step_ms: float | None
+    """Median measured step time of the full-update steps (the no-freezing side)."""
+    predicted_step_ms: float | None
+    """The schedule's predicted step time."""
+    predicted_baseline_ms: float | None
+    """The schedule's predicted step time with nothing frozen."""
+    saved_ms: float | None
+    """full_step_ms − step_ms: the time freezing saved per step, measured."""
+    predicted_saved_ms: float | None
+    """predicted_baseline_ms − predicted_step_ms: the time the schedule should save per step."""
+    measured_speedup: float | None
+    """full_step_ms / step_ms."""
+    predicted_speedup: float | None
+    """predicted_baseline_ms / predicted_step_ms."""
+    prediction_error: float | None
+    """(step_ms − predicted_step_ms) / predicted_step_ms."""
+    calibrated_predicted_ms: float | None
+    """predicted_step_ms × full_step_ms / predicted_baseline_ms: the prediction scaled to this run."""
+    freezing_steps: int
+    """Freezing steps measured."""
+    full_steps: int
+    """Full-update steps measured."""
+    comparison: str
+    loss: float | None
+    """Training loss of the last step."""
+    val_loss: float | None
+    """Validation loss at the end."""
+    losses: tuple[tuple[int, float], ...]
+    val_losses: tuple[tuple[int, float], ...]
+    fallbacks: int
+    """Drifts that made the controller fall back to full updates in this run."""
+    rollbacks: int
+    replans: int
+    """Re-plans adopted during the run (online re-planning; 0 when off)."""
+    replan_steps: tuple[int, ...]
+    """The steps from which each adopted re-plan ran (the same on every rank, checked)."""
+    events: tuple[dict[str, Any], ...]
+    checkpoints: tuple[str, ...]
+    actions: tuple[dict[str, Any], ...]
+    """Per action: rank, frozen groups, median cost in full-update and in freezing steps (ms)."""
+    out_dir: str
+    warnings: tuple[str, ...]
+    host: dict[str, Any]
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return dict(jsonable(asdict(self)))
+
+
+def train_job(
+    job_path_or_spec: str | Path | Job,
+    *,
+    schedule_path: str | Path | None = None,
+    steps: int,
+    out_dir: str | Path,
+    warmup_steps: int | None = None,
+    full_update_every: int | None = None,
+    resume: bool = False,
+    rollback: bool = False,
+    rescale: bool = True,
+    keep_checkpoints: int = 3,
+    checkpoint_every: int = 0,
+    val_every: int = 0,
+    progress: bool = True,
+    fault: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    stop_at_val_loss: float | None = None,
+    stop_from: int = 0,
+    profile_path: str | Path | None = None,
+    replan_every: int = 0,
+    replan_on_drift: bool = False,
+    replan_mode: str = "heuristic",
+    replan_time_limit: float = 10.0,
+) -> TrainReport:
+    """Train `steps` optimizer steps of the job, replaying `schedule_path` (None: no freezing).
+
+    `warmup_steps` / `full_update_every` override the schedule's phases. `resume` continues from
+    the last complete checkpoint in `out_dir/checkpoints`; `rollback` restores it on drift;
+    `rescale=False` leaves partly frozen groups' gradients unscaled (for comparison).
+    Checkpoints are taken at phase boundaries, every `checkpoint_every` steps (0: never) and at the
+    end; `keep_checkpoints` are kept. `val_every` adds validation losses during the run (0: only at
+    the end). `stop_at_val_loss` ends the run early: at the first validation from step `stop_from`
+    on (validated there too) once a validation loss of the run is at most it (an `early_stop` event;
+    the report's `end_step` is where it stopped). `fault` is for tests (see `freezeopt.training.faults`). Raises MismatchError, before any
+    process starts, when the schedule does not fit the job; RankFailedError when a rank crashes or
+    hangs (the run can then continue with `resume`).
+
+    Online re-planning: `replan_every` K > 0 re-solves after every K-th step, `replan_on_drift`
+    when the step-time drift rule fires (instead of falling back), both from the run's measured
+    action costs and `profile_path` (the profile the schedule was solved from), in `replan_mode`
+    (`heuristic`, `lp` or `milp`) within `replan_time_limit` seconds per solve.
+    """
+    t_start = time.monotonic()
+    job = open_job(job_path_or_spec, overrides)
+    if steps < 1:
+        raise InputError(f"--steps must be at least 1 (got {steps})")
+    if keep_checkpoints < 1:
+        raise InputError("--keep-checkpoints must be at least 1")
+    if checkpoint_every < 0 or val_every < 0:
+        raise InputError("--checkpoint-every and --val-every must not be negative (0: off)")
+    if stop_at_val_loss is not None and not (
+        math.isfinite(stop_at_val_loss) and 0 <= stop_from <= steps
+    ):
+        raise InputError("stop_at_val_loss must be finite and stop_from within 0..steps")
+    schedule = None
+    if schedule_path is not None:
+        schedule = _with_phases(load_schedule(schedule_path), warmup_steps, full_update_every)
+    elif warmup_steps is not None or full_update_every is not None:
+        raise InputError("--warmup-steps and --full-update-every need --schedule")
+    plan = plan_pipeline(job)
+    groups = preflight(job, plan, in_torchrun=in_torchrun())
+    warnings: list[str] = []
+    if schedule is not None:
+        check_schedule_fits(schedule, job, plan, groups, source=str(schedule_path))
+    replan = _replan_spec(
+        schedule,
+        profile_path,
+        every=replan_every,
+        on_drift=replan_on_drift,
+        mode=replan_mode,
+        time_limit=replan_time_limit,
+        warnings=warnings,
+    )
+    faults = parse_train_faults(fault or "")
+    for f in faults:
+        if (
+            f.kind in ("crash", "kill", "hang", "corrupt_checkpoint")
+            and not 0 <= f.rank < job.ranks
+        ):
+            raise InputError(f"fault names rank {f.rank}, but the job has ranks 0..{job.ranks - 1}")
+        if f.kind == "slow" and not 0 <= f.stage < plan.n_stages:
+            raise InputError(f"fault names stage {f.stage}, but the job has {plan.n_stages} stages")
+    out = Path(out_dir)
+    check_output_folder(out, "--out-dir")
+    meta = {
+        "job": {k: v for k, v in job.to_dict().items() if k not in _NOT_TRAINING},
+        "schedule_sha256": None if schedule is None else schedule_sha256(dump_schedule(schedule)),
+        "rescale": rescale,
+    }
+    start, resume_from = 0, None
+    if resume:
+        skipped: list[dict[str, str]] = []
+        good, corrupt = ckpt.good_checkpoints(out / "checkpoints", range(job.ranks))
+        newest_good = good[-1].step if good else -1
+        for c, why in corrupt:
+            if c.step > newest_good:
+                warnings.append(f"checkpoint {c.path} skipped: {why}")
+                skipped.append({"checkpoint": str(c.path), "reason": why})
+        if not good:
+            what = "intact" if corrupt else "complete"
+            raise InputError(
+                f"no {what} checkpoint under {out / 'checkpoints'}"
+                + (f" ({corrupt[-1][1]})" if corrupt else "")
+                + "; run without --resume to start training"
+            )
+        last = good[-1]
+        ckpt.check_meta(last, {**meta, "world_size": job.ranks})
+        if last.step >= steps:
+            raise InputError(
+                f"the last checkpoint ({last.path}) is at step {last.step}; pass --steps larger than "
+                f"{last.step} to train further"
+            )
+        start, resume_from = last.step, str(last.path)
+    elif (not in_torchrun() or int(os.environ["RANK"]) == 0) and _clear_run(out):
+        warnings.append(
+            f"replaced the earlier run in {out}, its checkpoints too (--resume continues a run)"
+        )
+    spec = TrainSpec(
+        job=job,
+        plan=plan,
+        schedule=schedule,
+        steps=steps,
+        out_dir=str(out),
+        rescale=rescale,
+        rollback=rollback,
+        resume_from=resume_from,
+        resume_skipped=tuple(skipped) if resume else (),
+        keep_checkpoints=keep_checkpoints,
+        checkpoint_every=checkpoint_every,
+        val_every=val_every,
+        stop_at_val_loss=stop_at_val_loss,
+        stop_from=stop_from,
+        measure_from=start + job.warmup_steps,
+        faults=faults,
+        replan=replan,
+        meta=meta,
+    )
+    host = host_info()
+    before = cpu_snapshot()
+    t_run = time.monotonic()
+    results = run_ranks(
+        job,
+        functools.partial(train_rank, spec),
+        total_units=steps - start + 2,
+        progress=progress,
+        verb="training",
+        outcome=functools.partial(_resumable, out / "checkpoints"),
+        log_prefix="train",
+    )
+    if not in_torchrun():
+        host.update(other_cpu(before, cpu_snapshot(), time.monotonic() - t_run))
+    host["load_avg_after"] = load_avg()
+    report, actions_doc = _assemble(
+        spec,
+        results,
+        schedule_path=None if schedule_path is None else str(schedule_path),
+        host=host,
+        warnings=warnings,
+        wall_s=time.monotonic() - t_start,
+    )
+    if not in_torchrun() or int(os.environ["RANK"]) == 0:
+        atomic_write_text(out / "actions.json", json.dumps(actions_doc, indent=1) + "\n")
+        atomic_write_text(out / "report.json", json.dumps(report.to_dict(), indent=1) + "\n")
+    return report
+
+
+def check_schedule_fits(
+    schedule: Schedule, job: Job, plan: PipelinePlan, groups: Groups | None, *, source: str
+) -> None:
+    """Raise MismatchError when `schedule` was made for another pipeline than `job`'s."""
+    sp = schedule.pipeline
+    want: dict[str, tuple[Any, Any]] = {
+        "schedule": (sp.schedule, plan.label),
+        "ranks": (sp.world_size, job.ranks),
+        "stages": (sp.n_stages, plan.n_stages),
+        "microbatches": (sp.n_microbatches, job.microbatches),
+        "stage-to-rank map": (list(sp.stage_to_rank), list(plan.stage_rank)),
+    }
+    if groups is not None:
+        want.update(
+            group_lists(schedule, [[g for g, _ in groups[s]] for s in range(plan.n_stages)])
+        )
+    for what, (a, b) in want.items():
+        if a != b:
+            raise MismatchError(
+                f"schedule {source} does not fit job {job.name}: {what} is {_short(a)} in the schedule but "
+                f"{_short(b)} in the job; profile and solve this job (`freezeopt profile` → `freezeopt solve`)"
+            )
+
+
+def format_train_report(report: TrainReport) -> str:
+    """A short human-readable summary of a training run."""
+    r = report
+    lines = [
+        f"{r.job} · {r.pipeline} · {r.world_size} ranks · {r.n_stages} stages · {r.n_microbatches} microbatches · "
+        f"steps {r.start_step}→{r.end_step} on {r.device} ({r.wall_s:.1f} s)",
+    ]
+    if r.schedule is None:
+        lines.append("no schedule: trained without freezing")
+        lines.append(f"step time      measured {_ms(r.step_ms)} (median of {r.full_steps} steps)")
+    else:
+        lines.append(
+            f"schedule {r.schedule}: {r.freezing_steps} freezing and {r.full_steps} full-update steps measured"
+        )
+        err = "" if r.prediction_error is None else f" ({r.prediction_error * 100:+.1f} %)"
+        side = "freezing    " if r.freezing_steps else "(no freezing)"  # then: every measured step
+        lines += [
+            f"step time      measured {_ms(r.step_ms)} {side} predicted {_ms(r.predicted_step_ms)}{err}",
+            f"no freezing    measured {_ms(r.full_step_ms)} full-update  predicted {_ms(r.predicted_baseline_ms)}",
+            f"time saved     measured {_ms(r.saved_ms)} per step    predicted {_ms(r.predicted_saved_ms)}",
+            f"speed-up       measured {_x(r.measured_speedup)}             predicted {_x(r.predicted_speedup)}",
+        ]
+    loss = "n/a" if r.loss is None else f"{r.loss:.4f}"
+    val = "" if r.val_loss is None else f", validation {r.val_loss:.4f}"
+    lines.append(f"loss           {loss} at the last step{val}")
+    phases = sum(e["event"] == "phase" for e in r.events)
+    ckpts = sum(e["event"] == "checkpoint" for e in r.events)
+    lines.append(
+        f"events         {phases} phase changes, {r.fallbacks} drifts (fallbacks), {r.rollbacks} rollbacks, "
+        f"{ckpts} checkpoints, {r.replans} re-plans"
+    )
+    for e in r.events:
+        if e["event"] in ("replan", "replan_rejected"):
+            lines.append(
+                f"  step {e['step']}: {e['event']} ({e['reason']}, triggered after step "
+                f"{e['trigger_step']}): predicted {e['old_predicted_ms']:.1f} ms (old plan) → "
+                f"{e['new_predicted_ms']:.1f} ms on the measured costs"
+                + ("" if e["event"] == "replan" else f", kept the old plan ({e['why']})")
+                + f"; {e['file']}"
+            )
+        elif e["event"] == "replan_failed":
+            lines.append(f"  step {e['step']}: replan_failed ({e['error']})")
+        elif e["event"] in ("drift", "rollback", "rollback_skipped"):
+            detail = ", ".join(
+                f"{k} {_said(v)}" for k, v in e.items() if k not in ("event", "step")
+            )
+            lines.append(f"  step {e['step']}: {e['event']} ({detail})")
+    lines += [f"warning: {w}" for w in r.warnings]
+    replans = any(e["event"] in ("replan", "replan_rejected") for e in r.events)
+    lines.append(
+        f"files in {r.out_dir}: report.json, events.jsonl, metrics.jsonl, actions.json, checkpoints/"
+        + (", replans/" if replans else "")
+    )
+    return "\n".join(lines)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _with_phases(
+    schedule: Schedule, warmup_steps: int | None, full_update_every: int | None
+) -> Schedule:
+    check_phase_flags(warmup_steps, full_update_every)
+    changes: dict[str, Any] = {}
+    if warmup_steps is not None:
+        changes["warmup_steps"] = warmup_steps
+    if full_update_every is not None:
+        changes["full_update_every"] = full_update_every
+    if not changes:
+        return schedule
+    return dataclasses.replace(schedule, phases=dataclasses.replace(schedule.phases, **changes))
+
+
+def _replan_spec(
+    schedule: Schedule | None,
+    profile_path: str | Path | None,
+    *,
+    every: int,
+    on_drift: bool,
+    mode: str,
+    time_limit: float,
+    warnings: list[str],
+) -> ReplanSpec | None:
+    """Check the re-planning options; None when re-planning is off."""
+    if every < 0:
+        raise InputError("--replan-every must not be negative (0: never)")
+    if not (every or on_drift):
+        if profile_path is not None:
+            warnings.append(
+                "--profile is read only for online re-planning; without --replan-every or "
+                "--replan-on-drift it was not used"
+            )
+        return None
+    if schedule is None:
+        raise InputError("--replan-every and --replan-on-drift need --schedule")
+    if profile_path is None:
+        raise InputError(
+            "--replan-every and --replan-on-drift need --profile (the profile the schedule was "
+            "solved from)"
+        )
+    if mode not in MODES:
+        raise InputError(f"--replan-mode must be one of {', '.join(MODES)} (got {mode!r})")
+    if not (math.isfinite(time_limit) and time_limit > 0):
+        raise InputError("--replan-time-limit must be a positive number of seconds")
+    profile = load_profile(profile_path)
+    check_profile_fits(schedule, profile, source=str(profile_path))
+    sha = profile_sha256(profile)
+    if sha != schedule.provenance.profile_sha256:
+        warnings.append(
+            f"the schedule was not solved from {profile_path}; re-plans use its costs and signal"
+        )
+    m: Mode = mode  # narrowed by the check against MODES above
+    return ReplanSpec(
+        profile=profile,
+        profile_sha256=sha,
+        every=every,
+        on_drift=on_drift,
+        mode=m,
+        time_limit=time_limit,
+    )
+
+
+def _resumable(root: Path) -> str:
+    """How a stopped run goes on, as its checkpoints stand now (the end of a failure message)."""
+    if ckpt.latest_checkpoint(root) is not None:
+        return "the run can continue from its last checkpoint with --resume"
+    return "it had written no checkpoint yet, so run it again without --resume"
+
+
+def _clear_run(out: Path) -> bool:
+    """A fresh run replaces an earlier run's files in `out` (and nothing else); whether there
+    were checkpoints among them."""
+    had_checkpoints = (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
+    for name in _RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in _RUN_DIRS:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+    return had_checkpoints
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _assemble(
+    spec: TrainSpec,
+    results: Sequence[RankTrainResult],
+    *,
+    schedule_path: str | None,
+    host: dict[str, Any],
+    warnings: list[str],
+    wall_s: float,
+) -> tuple[TrainReport, dict[str, Any]]:
+    job, plan, sched = spec.job, spec.plan, spec.schedule
+    r0 = results[0]
+    steps = list(r0.steps)
+    end = steps[-1]["step"] + 1 if steps else spec.steps  # < spec.steps after an early stop
+    measured = [s for s in steps if s["step"] >= spec.measure_from]
+    freeze = [s["step_ms"] for s in measured if s["freezing"]]
+    full = [s["step_ms"] for s in measured if not s["freezing"]]
+    freeze_ms, full_ms = _median(freeze), _median(full)
+    warnings = [*warnings, *(w for r in results for w in r.warnings)]
+    if sched is not None and not freeze:
+        start = r0.start_step
+        left_out = f"the job's first {job.warmup_steps} unmeasured" + (
+            f" after the resume at step {start}" if start else ""
+        )
+        warnings.append(
+            f"no freezing step was measured (warm-up {sched.phases.warmup_steps} steps; steps "
+            f"before {spec.measure_from} left out, {left_out}); "
+            + ("train more --steps" if start else "pass a smaller --warmup-steps or more --steps")
+        )
+    if sched is not None and freeze and not full:
+        warnings.append(
+            "no full-update step was measured, so there is no measured speed-up; pass --warmup-steps larger "
+            f"than the job's {job.warmup_steps} unmeasured steps, or --full-update-every"
+        )
+    others = host.get("other_cpu_cores")
+    if others is not None and others > OTHERS_BUSY:
+        warnings.append(
+            f"other processes kept {others:.2f} cores busy during the run; step times are unreliable, "
+            "measure on a quiet machine"
+        )
+    pred = sched.prediction if sched is not None else None
+    step_ms = freeze_ms if (sched is not None and freeze) else _median(freeze + full)
+    costs = {a: d for r in results for a, d in r.costs.items()}
+    frozen = {a: g for r in results for a, g in r.frozen_plan.items()}
+    actions = tuple(
+        {
+            "action": str(a),
+            "rank": r,
+            "frozen": list(frozen.get(str(a), ())),
+            "full_ms": _median(costs.get(str(a), {}).get("full", ())),
+            "freeze_ms": _median(costs.get(str(a), {}).get("freeze", ())),
+            "n_full": len(costs.get(str(a), {}).get("full", ())),
+            "n_freeze": len(costs.get(str(a), {}).get("freeze", ())),
+        }
+        for r, acts in enumerate(plan.rank_actions)
+        for a in acts
+    )
+    events = r0.events
+    switches = [
+        tuple(s["step"] for i, s in enumerate(r.steps) if i and s["plan"] != r.steps[i - 1]["plan"])
+        for r in results
+        if r.steps and "plan" in r.steps[0]
+    ]
+    if any(sw != switches[0] for sw in switches):  # a bug, not a user error
+        raise RuntimeError(f"ranks switched plans at different steps: {switches}")
+    losses = tuple((s["step"], s["loss"]) for s in steps)
+    vals = r0.val_loss
+    report = TrainReport(
+        job=job.name,
+        schedule=schedule_path,
+        pipeline=plan.label,
+        world_size=job.ranks,
+        n_stages=plan.n_stages,
+        n_microbatches=job.microbatches,
+        device=r0.device,
+        start_step=r0.start_step,
+        end_step=end,
+        step_ms=step_ms,
+        full_step_ms=full_ms,
+        predicted_step_ms=pred.predicted_ms if pred else None,
+        predicted_baseline_ms=pred.baseline_ms if pred else None,
+        saved_ms=full_ms - freeze_ms if (full_ms and freeze_ms and sched) else None,
+        predicted_saved_ms=pred.baseline_ms - pred.predicted_ms if pred else None,
+        measured_speedup=full_ms / freeze_ms if (full_ms and freeze_ms and sched) else None,
+        predicted_speedup=pred.baseline_ms / pred.predicted_ms
+        if pred and pred.predicted_ms
+        else None,
+        prediction_error=(freeze_ms - pred.predicted_ms) / pred.predicted_ms
+        if pred and freeze_ms and pred.predicted_ms
+        else None,
+        calibrated_predicted_ms=pred.predicted_ms * full_ms / pred.baseline_ms
+        if pred and full_ms and pred.baseline_ms
+        else None,
+        freezing_steps=len(freeze),
+        full_steps=len(full),
+        comparison=COMPARISON + f", steps before {spec.measure_from} left out",
+        loss=losses[-1][1] if losses else None,
+        val_loss=vals[-1][1] if vals and vals[-1][0] == end else None,
+        losses=losses,
+        val_losses=vals,
+        fallbacks=sum(e["event"] == "drift" and e.get("response") != "replan" for e in events),
+        rollbacks=sum(e["event"] == "rollback" for e in events),
+        replans=sum(e["event"] == "replan" for e in events),
+        replan_steps=switches[0] if switches else (),
+        events=events,
+        checkpoints=r0.checkpoints,
+        actions=actions,
+        out_dir=spec.out_dir,
+        warnings=tuple(warnings),
+        host=host,
+        wall_s=wall_s,
+    )
+    doc = {
+        "format": "freezeopt-actions",
+        "version": 1,
+        "job": job.name,
+        "schedule": plan.label,
+        "schedule_file": schedule_path,
+        "world_size": job.ranks,
+        "n_stages": plan.n_stages,
+        "n_microbatches": job.microbatches,
+        "freeze": _timeline(results, "freeze"),
+        "full": _timeline(results, "full"),
+    }
+    return report, dict(jsonable(doc))
+
+
+def _timeline(results: Sequence[RankTrainResult], cls: str) -> dict[str, Any] | None:
+    """The action timeline of the median-time step of class `cls` that every rank kept."""
+    per_rank = [
+        {st: (ms, acts, frozen) for st, ms, acts, frozen in r.timelines.get(cls, ())}
+        for r in results
+    ]
+    common = sorted(set.intersection(*(set(d) for d in per_rank)) if per_rank else set())
+    if not common:
+        return None
+    order = sorted(common, key=lambda st: (per_rank[0][st][0], st))
+    step = order[(len(order) - 1) // 2]
+    entries = []
+    for r, d in zip(results, per_rank, strict=True):
+        frozen = d[step][2]
+        for action, t0, t1, cost in d[step][1]:
+            entries.append(
+                {
+                    "action": action,
+                    "rank": r.rank,
+                    "start_ms": max(0.0, t0),
+                    "end_ms": max(0.0, t1),
+                    "cost_ms": cost,
+                    "frozen": list(frozen.get(action, ())),
+                }
+            )
+    entries.sort(key=lambda e: (e["start_ms"], e["rank"], e["action"]))
+    return {"step": step, "step_ms": per_rank[0][step][0], "timeline": entries}
+
+
+def _said(v: Any) -> str:
+    """An event's value for people: floats to 4 significant digits, lists joined by `+`."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return "+".join(_said(x) for x in v)
+    return str(v)
+
+
+def _short(v: Any) -> str:
+    s = str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _ms(v: float | None) -> str:
+    return "     n/a" if v is None else f"{v:8.1f} ms"
+
+
+def _x(v: float | None) -> str:
+    return "  n/a" if v is None else f"{v:.3f}×"

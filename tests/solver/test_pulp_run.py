@@ -1,0 +1,47 @@
+"""Running PuLP's solvers: CBC stopped at its time limit, its incumbent kept or its run reported killed."""
+
+from __future__ import annotations
+
+import pytest
+
+from freezeopt.solver import SolveOptions
+
+
+def test_cbc_past_its_time_limit_is_interrupted_and_keeps_its_incumbent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A market-split MILP (hard for branch and bound) with a 30 s CBC time limit: a watchdog
+    for 1 s interrupts CBC in branch and bound, and PuLP still reads CBC's best solution; with no
+    time to stop (SIGKILL at once) the run is reported killed."""
+    import time
+
+    import numpy as np
+    import pulp
+
+    from freezeopt.solver import pulp_run as pulp_solvers
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 100, (4, 40)).astype(float)
+    b = np.floor(a.sum(axis=1) / 2)
+    prob = pulp.LpProblem("market_split", pulp.LpMinimize)
+    x = [prob.add_variable(f"x{j}", 0, 1, pulp.LpInteger) for j in range(40)]
+    over = [prob.add_variable(f"over{i}", 0) for i in range(4)]
+    under = [prob.add_variable(f"under{i}", 0) for i in range(4)]
+    prob += pulp.lpSum(over) + pulp.lpSum(under)
+    for i in range(4):
+        row = pulp.lpSum(a[i, j] * x[j] for j in range(40))
+        prob += row + under[i] - over[i] == b[i], f"market_{i}"
+    cbc = pulp_solvers.pulp_solver(SolveOptions(gap=0.0), time_limit=30.0, warm=False)
+    t0 = time.perf_counter()
+    with pulp_solvers.CbcWatchdog(1.0 + pulp_solvers.CBC_STOP[0]) as dog:
+        prob.solve(cbc)
+    assert time.perf_counter() - t0 < 10 and not dog.killed
+    assert prob.sol_status == pulp.LpSolutionIntegerFeasible
+    assert sum(v.value() for v in over + under) >= 0
+    monkeypatch.setattr(pulp_solvers, "CBC_STOP", (-100.0, -0.5))  # SIGKILL at 0.5 s, no SIGINT
+    monkeypatch.setattr(pulp_solvers, "pulp_solver", lambda *a, **k: cbc)
+    t0 = time.perf_counter()
+    assert pulp_solvers.run_pulp(prob, SolveOptions(), time_limit=1.0, warm=False) == (
+        "killed at the time limit"
+    )
+    assert time.perf_counter() - t0 < 10

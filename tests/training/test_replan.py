@@ -1,0 +1,411 @@
+"""Online re-planning during `freezeopt train`: the cost window, the controller's switch, real runs.
+
+The real runs (2 ranks, gloo, the small tiny GPT of `test_train`) check what the feature promises
+and never timings: a re-plan is triggered after the expected step, every rank switches at the same
+step (the trainer all-reduces the plan version every step and the report checks each rank's
+records), the event and the schedule file are written and load, a slowed stage shows up in the
+re-plan's costs and moves the freezing to that stage, and with re-planning off (or never due) the
+run is exactly the old one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from freezeopt.actions import Action
+from freezeopt.cli import app
+from freezeopt.commands import validate_files
+from freezeopt.formats.profile import load_profile, profile_sha256, save_profile
+from freezeopt.formats.schedule import load_schedule, parse_microbatches
+from freezeopt.model.dag import build_dag
+from freezeopt.profiling.synth import SynthOptions, synth_profile
+from freezeopt.solver.lp_arrays import LpCache
+from freezeopt.training.replan import CostWindow, ReplanSpec, measured_dag, replan, skipped_ms
+from freezeopt.training.runtime import FreezeController
+from freezeopt.training.train import TrainReport, format_train_report, train_job
+from tests.training.test_train import SMALL, events, metrics, small_job, write_schedule
+
+runner = CliRunner()
+
+# --- units ------------------------------------------------------------------------------------------
+
+
+def test_cost_window_keeps_the_last_steps_and_takes_medians() -> None:
+    w = CostWindow(3)
+    for c in (100.0, 1.0, 2.0, 3.0):
+        w.add({"0F0": c, "0B0": 2 * c})
+    assert len(w) == 3
+    assert w.medians() == {"0B0": 4.0, "0F0": 2.0}
+
+
+def test_skipped_cost_of_groups_and_of_tensor_units() -> None:
+    cost = [1.0, 2.0, 4.0]
+    assert skipped_ms(cost, frozenset({0, 2})) == 5.0
+    # tensors: group 0 has 2 tensors (units 0-1), group 1 has 4 (2-5), group 2 has 1 (6)
+    assert skipped_ms(cost, frozenset({1, 2, 3, 6}), unit="tensor", tensors=[2, 4, 1]) == (
+        pytest.approx(0.5 + 1.0 + 4.0)
+    )
+
+
+def test_measured_dag_replaces_costs_but_keeps_group_costs_as_a_floor() -> None:
+    dag = build_dag(synth_profile(SynthOptions(ranks=2, microbatches=2, groups=2)))
+    b = next(a for a in dag.order if a.kind == "B")
+    f = Action(0, "F", 0)
+    new = measured_dag(dag, {str(f): 123.0, str(b): 0.0})
+    assert new.cost[f] == 123.0
+    assert new.cost[b] == pytest.approx(sum(dag.group_cost[b.stage]))
+    assert new.group_cost == dag.group_cost and new.graph is dag.graph
+    untouched = [a for a in dag.order if a not in (f, b)]
+    assert all(new.cost[a] == dag.cost[a] for a in untouched)
+
+
+def test_controller_switches_plans_and_replans_instead_of_falling_back(tmp_path: Path) -> None:
+    job = small_job()
+    old = load_schedule(
+        write_schedule(tmp_path / "a.yaml", job, {0: {"blocks.0": "0-1"}}, step_time_error=0.25)
+    )
+    new = load_schedule(write_schedule(tmp_path / "b.yaml", job, {1: {"blocks.3": "2-3"}}))
+    ctrl = FreezeController(old, stages=(0, 1), replan_on_drift=True)
+    ctrl.begin_step(0)
+    assert ctrl.frozen_groups(0, 0) == {0} and ctrl.frozen_groups(1, 2) == frozenset()
+    ctrl.set_schedule(new)
+    ctrl.begin_step(1)
+    assert ctrl.frozen_groups(0, 0) == frozenset() and ctrl.frozen_groups(1, 2) == {1}
+    # the step-time rule (5 freezing steps far off the 9 ms prediction) asks for a re-plan, no fallback
+    ctrl = FreezeController(old, stages=(0, 1), replan_on_drift=True)
+    decisions = []
+    for step in range(5):
+        ctrl.begin_step(step)
+        decisions.append(ctrl.end_step(loss=1.0, step_ms=50.0))
+    assert [d.replan for d in decisions] == [False] * 4 + [True]
+    assert decisions[-1].drift == ("step_time",) and not decisions[-1].rollback
+    assert decisions[-1].events[0]["response"] == "replan"
+    assert ctrl.fallbacks == 0 and ctrl.phase_at(5) == "freeze"
+    # without it the same drift falls back
+    plain = FreezeController(old, stages=(0, 1))
+    for step in range(5):
+        plain.begin_step(step)
+        d = plain.end_step(loss=1.0, step_ms=50.0)
+    assert not d.replan and plain.fallbacks == 1 and plain.phase_at(5) == "fallback"
+
+
+def test_replans_of_one_run_share_a_warm_lp(tmp_path: Path) -> None:
+    """With one `LpCache` for a run, the second re-plan re-solves the first's LP from its basis;
+    the plans are those of cold re-plans in step time, within budget, and a CBC schedule is
+    re-planned with HiGHS (the same LP optimum)."""
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.schedule import Drift, Phases
+    from freezeopt.solver import SolveOptions
+
+    prof = synth_profile(SynthOptions(schedule="1F1B", ranks=4, microbatches=8, groups=3))
+    path = tmp_path / "p.json"
+    save_profile(prof, path)
+    phases = Phases(warmup_steps=0, full_update_every=0, drift=Drift(step_time_error=1e6))
+    _, sched = solve_file(path, SolveOptions(mode="heuristic", budget=0.1), phases=phases, out=None)
+    assert sched.provenance.solver == "cbc"
+    spec = ReplanSpec(profile=prof, profile_sha256=profile_sha256(prof), every=5)
+    dag = build_dag(prof)
+    cache = LpCache()
+    for i, slow in enumerate((0, 2, 3)):  # stage `slow`'s actions measured 30 % dearer
+        measured = {str(a): c * (1.3 if a.stage == slow else 1.0) for a, c in dag.cost.items()}
+        got = replan(spec, sched, measured, step=5 * i, reason="every", lp_cache=cache)
+        cold = replan(spec, sched, measured, step=5 * i, reason="every")
+        assert got.warm == (i > 0) and not cold.warm
+        assert got.schedule.provenance.solver == "highs"
+        assert got.new_predicted_ms == pytest.approx(cold.new_predicted_ms, rel=0.02)
+        assert got.schedule.prediction.signal_dropped <= 0.1 + 1e-9
+        sched = got.schedule if got.adopted else sched
+    assert cache.solves == 3 and cache.warm_solves == 2
+
+
+def test_a_runs_replans_build_the_profiles_dag_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`profile_dag` builds the DAG of a profile once and hands the same one back; another
+    profile object gets its own."""
+    import freezeopt.training.replan as rp
+
+    built: list[object] = []
+
+    def counting(profile: Any) -> Any:
+        built.append(profile)
+        return build_dag(profile)
+
+    monkeypatch.setattr(rp, "build_dag", counting)
+    a = synth_profile(SynthOptions(schedule="1F1B", ranks=2, microbatches=4, groups=2))
+    b = synth_profile(SynthOptions(schedule="1F1B", ranks=2, microbatches=4, groups=2))
+    first = rp.profile_dag(a)
+    assert rp.profile_dag(a) is first and len(built) == 1
+    other = rp.profile_dag(b)
+    assert other is not first and built == [a, b]
+    assert other.order == first.order and other.cost == first.cost
+    assert rp.measured_dag(first, {"0F0": 99.0}).cost[first.order[0]] == 99.0
+    assert first.cost[first.order[0]] != 99.0  # the shared DAG is copied, never changed
+
+
+# --- real runs ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from freezeopt.profiling.run import profile_job
+
+    out = tmp_path_factory.mktemp("replan") / "p.json"
+    profile_job(small_job(), out=out, progress=False)
+    return out
+
+
+def _frozen_mbs(sched: Any, stage: int) -> int:
+    n = sched.pipeline.n_microbatches
+    return sum(len(parse_microbatches(v, n)) for v in sched.frozen.get(stage, {}).values())
+
+
+@pytest.mark.slow
+def test_periodic_replan_moves_freezing_to_a_slowed_stage(
+    tmp_path: Path, small_profile: Path
+) -> None:
+    """Stage 1 spins 20 ms per action from the start; the schedule freezes stage 0 only, which
+    saves nothing once rank 1 is the bottleneck. Re-planning after every 4th step must see stage
+    1's costs go up and freeze stage 1 instead; both ranks switch at the same step."""
+    job = small_job()
+    sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-2", "blocks.1": "0-2"}})
+    rep = train_job(
+        job,
+        schedule_path=sched,
+        profile_path=small_profile,
+        replan_every=4,
+        steps=10,
+        out_dir=tmp_path / "run",
+        fault="slow:stage=1,ms=20,step=0",
+        progress=False,
+    )
+    evs = [e for e in rep.events if e["event"].startswith("replan")]
+    assert evs and evs[0]["event"] == "replan" and evs[0]["reason"] == "every"
+    assert evs[0]["trigger_step"] == 3  # after step 3: (3 + 1) % 4 == 0, 3 measured steps
+    assert evs[0]["warm"] is False  # the run's first LP is solved cold; later ones may be warm
+    assert all(isinstance(e["warm"], bool) for e in evs)
+    assert all(e["trigger_step"] in (3, 7) for e in evs)
+    first = evs[0]
+    assert 3 < first["step"] <= 10
+    assert rep.replans == sum(e["event"] == "replan" for e in evs) >= 1
+    # (a re-plan finished after the last step would run from step 10: adopted, never run here)
+    assert rep.replan_steps == tuple(
+        e["step"] for e in evs if e["event"] == "replan" and e["step"] < 10
+    )
+    assert evs == [e for e in events(tmp_path / "run") if e["event"].startswith("replan")]
+    text = format_train_report(rep)
+    assert f"{rep.replans} re-plans" in text and text.endswith(", replans/")
+    assert f"step {evs[0]['step']}: replan (every, triggered after step 3)" in text
+    # the plan version each step ran, as rank 0 logged it, switches exactly at the re-plan steps
+    plans = [(m["step"], m["plan"]) for m in metrics(tmp_path / "run") if "plan" in m]
+    switched = [s for (s, v), (_, u) in zip(plans[1:], plans, strict=False) if v != u]
+    assert tuple(switched) == rep.replan_steps
+    # the file: loads, validates against the profile, and its prediction is the event's
+    path = Path(first["file"])
+    assert path == tmp_path / "run" / "replans" / f"step-{first['step']:08d}.yaml"
+    new = load_schedule(path)
+    validate_files(path, small_profile)
+    assert new.prediction.predicted_ms == pytest.approx(first["new_predicted_ms"], rel=1e-4)
+    # the slowed stage: its 8 actions spin 20 ms more each (thread-CPU time of a busy spin, which
+    # a loaded machine cuts; a quarter of it is required here), so the no-freeze step time on the
+    # measured costs is far above the profile's
+    prof_baseline = _profile_baseline(small_profile)
+    assert first["baseline_ms"] > prof_baseline + 8 * 20 / 4
+    assert first["new_predicted_ms"] < first["old_predicted_ms"]
+    old = load_schedule(sched)
+    assert _frozen_mbs(old, 1) == 0 and _frozen_mbs(new, 1) > 0
+    # both ranks run the last adopted plan: each action's skipped groups are the file's
+    ran = [e for e in evs if e["event"] == "replan" and e["step"] < 10]
+    last = load_schedule(Path(ran[-1]["file"]))
+    _assert_actions_follow(rep, last)
+    # the active plan is in the checkpoints: a resume (re-planning off now) continues with it
+    adopted = [e for e in evs if e["event"] == "replan"]
+    more = train_job(
+        job, schedule_path=sched, steps=12, out_dir=tmp_path / "run", resume=True, progress=False
+    )
+    assert more.start_step == 10 and more.replans == 0
+    _assert_actions_follow(more, load_schedule(Path(adopted[-1]["file"])))
+
+
+def _profile_baseline(profile: Path) -> float:
+    from freezeopt.model.simulate import simulate
+
+    return simulate(build_dag(load_profile(profile))).makespan
+
+
+def _assert_actions_follow(rep: TrainReport, sched: Any, kind: str = "B") -> None:
+    want: dict[str, set[str]] = {}
+    n = sched.pipeline.n_microbatches
+    for s, groups in sched.frozen.items():
+        for name, mbs in groups.items():
+            for m in parse_microbatches(mbs, n):
+                want.setdefault(f"{s}{kind}{m}", set()).add(name)
+    got = {a["action"]: set(a["frozen"]) for a in rep.actions if a["frozen"]}
+    assert got == want  # rank 0's actions (stage 0) and rank 1's (stage 1) alike
+
+
+@pytest.mark.slow
+def test_replan_on_a_split_backward_schedule(tmp_path: Path) -> None:
+    """ZBVZeroBubble (I and W actions, 4 stages on 2 ranks): the skipped work is added back to the
+    `W` actions, the re-plan fits the pipeline, and both ranks run it."""
+    from freezeopt.profiling.run import profile_job
+
+    job = small_job(schedule="ZBVZeroBubble", stages_per_rank=2)
+    profile_job(job, out=tmp_path / "p.json", progress=False)
+    sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-3"}})
+    rep = train_job(
+        job,
+        schedule_path=sched,
+        profile_path=tmp_path / "p.json",
+        replan_every=4,
+        steps=10,
+        out_dir=tmp_path / "run",
+        fault="slow:stage=2,ms=20,step=0",
+        progress=False,
+    )
+    evs = [e for e in rep.events if e["event"] == "replan"]
+    assert evs and evs[0]["trigger_step"] == 3
+    assert rep.replan_steps == tuple(e["step"] for e in evs if e["step"] < 10)
+    new = load_schedule(Path(evs[0]["file"]))
+    validate_files(Path(evs[0]["file"]), tmp_path / "p.json")
+    assert _frozen_mbs(new, 2) > 0  # the slowed stage gets frozen work
+    assert evs[0]["new_predicted_ms"] < evs[0]["old_predicted_ms"]
+    last = [e for e in evs if e["step"] < 10][-1]
+    _assert_actions_follow(rep, load_schedule(Path(last["file"])), kind="W")
+
+
+@pytest.mark.slow
+def test_a_replan_still_solving_at_the_end_is_waited_for_and_reported(
+    tmp_path: Path, small_profile: Path
+) -> None:
+    """The solver process waits 3 s before solving (test-only fault); the re-plan triggered after
+    step 3 of 6 is still solving when the last step ends. The run waits for it and reports it at
+    step 6: its event and file are written, no step ran it."""
+    job = small_job()
+    sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-2"}})
+    rep = train_job(
+        job,
+        schedule_path=sched,
+        profile_path=small_profile,
+        replan_every=4,
+        steps=6,
+        out_dir=tmp_path / "run",
+        fault="slow_replan:ms=3000",
+        progress=False,
+    )
+    evs = [e for e in rep.events if e["event"].startswith("replan")]
+    assert len(evs) == 1 and evs[0]["trigger_step"] == 3 and evs[0]["step"] == 6
+    assert evs[0]["event"] in ("replan", "replan_rejected")
+    assert Path(evs[0]["file"]).is_file() and rep.replan_steps == ()
+    assert evs == [e for e in events(tmp_path / "run") if e["event"].startswith("replan")]
+
+
+@pytest.mark.slow
+def test_step_time_drift_replans_instead_of_falling_back(
+    tmp_path: Path, small_profile: Path
+) -> None:
+    """As in test_train's slowed-stage test the step-time rule fires after step 9; with
+    --replan-on-drift the run keeps freezing and re-plans from that step."""
+    job = small_job()
+    sched = write_schedule(
+        tmp_path / "s.yaml",
+        job,
+        {0: {"blocks.0": "0-2", "blocks.1": "0-2"}},
+        warmup=5,
+        fallback_steps=2,
+        step_time_error=0.25,
+    )
+    rep = train_job(
+        job,
+        schedule_path=sched,
+        profile_path=small_profile,
+        replan_on_drift=True,
+        steps=13,
+        out_dir=tmp_path / "run",
+        fault="slow:stage=1,ms=15,step=5",
+        progress=False,
+    )
+    drifts = [e for e in rep.events if e["event"] == "drift"]
+    assert drifts and drifts[0]["rules"] == ["step_time"] and drifts[0]["step"] == 9
+    assert drifts[0]["response"] == "replan" and rep.fallbacks == 0
+    assert not any(e["event"] == "phase" and e["to"] == "fallback" for e in rep.events)
+    evs = [e for e in rep.events if e["event"].startswith("replan")]
+    assert evs and evs[0]["trigger_step"] == 9 and evs[0]["reason"] == "step_time"
+    assert evs[0]["event"] == "replan" and rep.replans >= 1
+    assert load_schedule(Path(evs[0]["file"])).provenance.budget == 0.5  # the schedule's own
+
+
+@pytest.mark.slow
+def test_replanning_off_or_never_due_is_the_old_run(tmp_path: Path, small_profile: Path) -> None:
+    job = small_job()
+    sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-1"}, 1: {"blocks.3": "3"}})
+    kw: dict[str, Any] = {"schedule_path": sched, "steps": 5, "progress": False}
+    off = train_job(job, out_dir=tmp_path / "off", **kw)
+    idle = train_job(
+        job, out_dir=tmp_path / "idle", profile_path=small_profile, replan_every=100, **kw
+    )
+    assert off.losses == idle.losses and off.val_loss == idle.val_loss
+    assert off.replans == idle.replans == 0 and off.replan_steps == idle.replan_steps == ()
+    assert not (tmp_path / "off" / "replans").exists()
+    assert not (tmp_path / "idle" / "replans").exists()
+
+    def strip(evs: list[dict[str, Any]]) -> list[Any]:
+        return [{k: v for k, v in e.items() if k != "path"} for e in evs]
+
+    assert strip(events(tmp_path / "off")) == strip(events(tmp_path / "idle"))
+    assert all("plan" not in m for m in metrics(tmp_path / "off"))
+    assert [m["plan"] for m in metrics(tmp_path / "idle") if "loss" in m] == [0] * 5
+
+
+# --- user errors ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--replan-every", "4"], "need --profile"),
+        (["--replan-on-drift", "--profile", "p.json", "--replan-mode", "fast"], "--replan-mode"),
+        (["--replan-every", "-1"], "must not be negative"),
+        (["--replan-every", "2", "--profile", "p.json", "--replan-time-limit", "0"], "positive"),
+    ],
+)
+def test_replan_user_errors_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = small_job()
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"name": "small", **SMALL}))
+    write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0"}})
+    (tmp_path / "p.json").write_text("{}")
+    res = runner.invoke(
+        app, ["train", "job.yaml", "--steps", "3", "--schedule", "s.yaml", *extra, "--no-progress"]
+    )
+    assert res.exit_code != 0
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
+    assert message in res.stderr
+
+
+def test_replan_needs_a_schedule_and_a_fitting_profile(tmp_path: Path) -> None:
+    from freezeopt.errors import InputError, MismatchError
+    from freezeopt.formats.profile import save_profile
+
+    job = small_job()
+    with pytest.raises(InputError, match="need --schedule"):
+        train_job(job, steps=3, out_dir=tmp_path / "x", replan_every=2, progress=False)
+    sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0"}})
+    other = synth_profile(SynthOptions(ranks=2, microbatches=4, groups=2))
+    save_profile(other, tmp_path / "other.json")
+    with pytest.raises(MismatchError, match="does not fit the schedule"):
+        train_job(
+            job,
+            schedule_path=sched,
+            profile_path=tmp_path / "other.json",
+            replan_every=2,
+            steps=3,
+            out_dir=tmp_path / "x",
+            progress=False,
+        )
+    assert not (tmp_path / "x").exists()
