@@ -40,6 +40,7 @@ from freezeopt.formats.profile import load_profile  # noqa: E402
 from freezeopt.formats.schedule import Drift, Phases, parse_microbatches  # noqa: E402
 from freezeopt.solver import SolveOptions  # noqa: E402
 from freezeopt.torchpp.launch import load_avg  # noqa: E402
+from freezeopt.training.options import ReplanOptions, TrainOptions  # noqa: E402
 from freezeopt.training.train import train_job  # noqa: E402
 
 ARMS = ("kept", "replan")
@@ -113,21 +114,21 @@ def main() -> int:
         order = ARMS if r % 2 == 0 else tuple(reversed(ARMS))
         for arm in order:
             out = args.work / f"{arm}-{r}"
-            extra: dict[str, Any] = (
-                {"profile_path": args.profile, "replan_every": args.replan_every}
+            replan = (
+                ReplanOptions(profile=args.profile, every=args.replan_every)
                 if arm == "replan"
-                else {}
+                else ReplanOptions()
             )
             print(f"round {r}: {arm} …", file=sys.stderr, flush=True)
-            rep = train_job(
-                "tiny-gpt",
-                schedule_path=sched_path,
+            opts = TrainOptions(
+                schedule=sched_path,
                 steps=args.steps,
                 out_dir=out,
                 fault=fault,
                 progress=False,
-                **extra,
+                replan=replan,
             )
+            rep = train_job("tiny-gpt", opts)
             runs.append(
                 {
                     "arm": arm,

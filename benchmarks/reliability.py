@@ -249,7 +249,7 @@ def _parent_signal(tmp: Path, job: object, sig: int) -> tuple[str, bool, int, fl
     return msg, good and not out.exists(), left, dt
 
 
-TRAIN_FAULTS = (  # (name, fault, what it stands for, extra train options)
+TRAIN_FAULTS = (  # (name, fault, what it stands for, other TrainOptions fields)
     ("none", "", "the reference: no fault", {}),
     ("exploding loss", "lr_spike:step=50,factor=1000", "one step with 1000× the learning rate", {}),
     ("NaN loss", "nan_loss:step=50", "the loss of one step is NaN", {}),
@@ -272,6 +272,7 @@ TRAIN_FAULTS = (  # (name, fault, what it stands for, extra train options)
 def training_section(tmp: Path, steps: int) -> tuple[list[str], bool]:
     """Real training runs of the built-in job with one fault each (module docstring)."""
     import shutil
+    from dataclasses import replace
 
     from freezeopt.commands import solve_file
     from freezeopt.errors import FreezeoptError
@@ -280,6 +281,7 @@ def training_section(tmp: Path, steps: int) -> tuple[list[str], bool]:
     from freezeopt.solver import SolveOptions
     from freezeopt.torchpp.job import load_job
     from freezeopt.training.faults import damage_file
+    from freezeopt.training.options import CheckpointOptions, TrainOptions
     from freezeopt.training.train import train_job
 
     job = load_job("tiny-gpt")
@@ -289,14 +291,14 @@ def training_section(tmp: Path, steps: int) -> tuple[list[str], bool]:
     solve_file(
         prof, SolveOptions(mode="milp", budget=budget), phases=Phases(warmup_steps=10), out=sched
     )
-    common = {
-        "schedule_path": sched,
-        "steps": steps,
-        "progress": False,
-        "rollback": True,
-        "checkpoint_every": 20,
-        "val_every": 20,
-    }
+    common = TrainOptions(
+        out_dir=tmp,
+        schedule=sched,
+        steps=steps,
+        progress=False,
+        checkpoints=CheckpointOptions(rollback=True, every=20),
+        val_every=20,
+    )
     lines = [
         "## Training faults (`freezeopt train`, built-in job, 2 ranks)",
         "",
@@ -320,7 +322,7 @@ def training_section(tmp: Path, steps: int) -> tuple[list[str], bool]:
     start_val = doc["val_loss"][0] if at and at[0] == 0 else None
     for name, fault, what, extra in TRAIN_FAULTS:
         out = tmp / f"train-{name.replace(' ', '-')}"
-        rep = train_job(job, out_dir=out, fault=fault or None, **common, **extra)
+        rep = train_job(job, replace(common, out_dir=out, fault=fault or None, **extra))
         caught, rules = _caught(rep.events, _fault_step(fault))
         val = rep.val_loss
         if name == "none":
@@ -343,14 +345,15 @@ def training_section(tmp: Path, steps: int) -> tuple[list[str], bool]:
         out = tmp / f"train-{'crash-damaged' if damage else 'crash'}"
         fault = "crash:rank=1,step=65"
         try:
-            train_job(job, out_dir=out, fault=fault, **common)
+            train_job(job, replace(common, out_dir=out, fault=fault))
             msg = "no error raised"
         except FreezeoptError as e:
             msg = str(e)
         if damage:
             newest = sorted((out / "checkpoints").glob("step-*"))[-1]
             damage_file(newest / "rank1.pt")
-        rep = train_job(job, out_dir=out, resume=True, **common)
+        resume = replace(common.checkpoints, resume=True)
+        rep = train_job(job, replace(common, out_dir=out, checkpoints=resume))
         lost = 65 - rep.start_step
         _, rules = _caught(rep.events, rep.start_step)
         val = rep.val_loss

@@ -52,6 +52,10 @@ _PUBLIC = {
     "SolveResult": "freezeopt.solver.problem",
     "schedule_from_result": "freezeopt.solver.export",
     "train_job": "freezeopt.training.train",
+    "TrainOptions": "freezeopt.training.options",
+    "PhaseOverrides": "freezeopt.training.options",
+    "CheckpointOptions": "freezeopt.training.options",
+    "ReplanOptions": "freezeopt.training.options",
     "compare_job": "freezeopt.compare.run",
     "CompareOptions": "freezeopt.compare.run",
     # errors
@@ -63,6 +67,7 @@ _PUBLIC = {
 """Public name → the module that defines it."""
 
 __all__ = [
+    "CheckpointOptions",
     "CompareOptions",
     "DataParts",
     "FreezeController",
@@ -71,12 +76,15 @@ __all__ = [
     "Job",
     "MismatchError",
     "ModelParts",
+    "PhaseOverrides",
     "Profile",
+    "ReplanOptions",
     "Schedule",
     "SolveOptions",
     "SolveResult",
     "SolverError",
     "SynthOptions",
+    "TrainOptions",
     "__version__",
     "build_dag",
     "compare_job",
@@ -124,5 +132,11 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from freezeopt.solver.problem import SolveOptions, SolveResult
     from freezeopt.torchpp.adapter import enable_freezing, scale_group_grads
     from freezeopt.torchpp.job import DataParts, Job, ModelParts, load_job
+    from freezeopt.training.options import (
+        CheckpointOptions,
+        PhaseOverrides,
+        ReplanOptions,
+        TrainOptions,
+    )
     from freezeopt.training.runtime import FreezeController
     from freezeopt.training.train import train_job

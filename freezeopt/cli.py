@@ -62,15 +62,64 @@ INTERRUPTED = "error: interrupted (Ctrl-C)"
 """What Ctrl-C outside a run of ranks prints (`freezeopt.torchpp.launch` adds that every rank stopped)."""
 
 
+FLAGS = {
+    # SolveOptions
+    "budget": "--budget",
+    "group_cap": "--group-cap",
+    "stage_cap": "--stage-cap",
+    "tolerance": "--tolerance",
+    "time_limit": "--time-limit",
+    "gap": "--gap",
+    "threads": "--threads",
+    # phases (solve, train, compare)
+    "warmup_steps": "--warmup-steps",
+    "full_update_every": "--full-update-every",
+    # TrainOptions and its configs
+    "steps": "--steps",
+    "schedule": "--schedule",
+    "val_every": "--val-every",
+    "stop_at_val_loss": "stop_at_val_loss",
+    "stop_from": "stop_from",
+    "checkpoints.resume": "--resume",
+    "checkpoints.keep": "--keep-checkpoints",
+    "checkpoints.every": "--checkpoint-every",
+    "replan.profile": "--profile",
+    "replan.every": "--replan-every",
+    "replan.on_drift": "--replan-on-drift",
+    "replan.mode": "--replan-mode",
+    "replan.time_limit": "--replan-time-limit",
+    # CompareOptions
+    "policies": "--policies",
+    "repeats": "--repeats",
+    "overrun": "--overrun",
+    # SynthOptions
+    "ranks": "--ranks",
+    "stages_per_rank": "--stages-per-rank",
+    "microbatches": "--microbatches",
+    "microbatch_size": "--microbatch-size",
+    "groups": "--groups",
+    "forward_ms": "--forward-ms",
+    "backward_ms": "--backward-ms",
+    "weight_share": "--weight-share",
+    "jitter": "--jitter",
+    "noise": "--noise",
+    "last_stage_factor": "--last-stage-factor",
+    "lag_ms": "--lag-ms",
+    "trace_steps": "--trace-steps",
+}
+"""The options' field names, as the library's errors name them, and the flag each comes from here
+(two have no flag: they are library options only)."""
+
+
 def _friendly(fn: F) -> F:
-    """Turn FreezeoptError into one stderr line and its exit code."""
+    """Turn FreezeoptError into one stderr line (options named by their flags) and its exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except FreezeoptError as e:
-            typer.echo(f"error: {e}", err=True)
+            typer.echo(f"error: {e.said(FLAGS)}", err=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             typer.echo(INTERRUPTED, err=True)
@@ -253,34 +302,39 @@ def train(
 
     Example: freezeopt train tiny-gpt --schedule schedules/tiny-gpt-1f1b.yaml --steps 60 --warmup-steps 10
     """
+    from freezeopt.training.options import (
+        CheckpointOptions,
+        PhaseOverrides,
+        ReplanOptions,
+        TrainOptions,
+    )
     from freezeopt.training.train import format_train_report, train_job
 
+    opts = TrainOptions(
+        steps=steps,
+        out_dir=out_dir if out_dir is not None else Path("runs") / _job_name(job),
+        schedule=schedule,
+        phases=PhaseOverrides(warmup_steps=warmup_steps, full_update_every=full_update_every),
+        checkpoints=CheckpointOptions(
+            resume=resume, rollback=rollback, keep=keep_checkpoints, every=checkpoint_every
+        ),
+        replan=ReplanOptions(
+            profile=profile,
+            every=replan_every,
+            on_drift=replan_on_drift,
+            mode=replan_mode,  # type: ignore[arg-type]
+            time_limit=replan_time_limit,
+        ),
+        rescale=not no_rescale,
+        val_every=val_every,
+        progress=not no_progress,
+        fault=fault,
+    )
     overrides = _overrides(
         schedule=pipeline, ranks=ranks, stages_per_rank=stages_per_rank,
         microbatches=microbatches, batch_size=batch_size, device=device, seed=seed,
     )  # fmt: skip
-    report = train_job(
-        job,
-        schedule_path=schedule,
-        steps=steps,
-        out_dir=out_dir if out_dir is not None else Path("runs") / _job_name(job),
-        warmup_steps=warmup_steps,
-        full_update_every=full_update_every,
-        resume=resume,
-        rollback=rollback,
-        rescale=not no_rescale,
-        keep_checkpoints=keep_checkpoints,
-        checkpoint_every=checkpoint_every,
-        val_every=val_every,
-        progress=not no_progress,
-        fault=fault,
-        overrides=overrides,
-        profile_path=profile,
-        replan_every=replan_every,
-        replan_on_drift=replan_on_drift,
-        replan_mode=replan_mode,
-        replan_time_limit=replan_time_limit,
-    )
+    report = train_job(job, opts, overrides=overrides)
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -489,7 +543,7 @@ def solve_cmd(
 
     Example: freezeopt solve profiles/tiny-gpt-1f1b.json --budget 0.1 -o schedules/tiny-gpt-1f1b.yaml
     """
-    from freezeopt.commands import solve_file
+    from freezeopt.commands import format_solve, solve_file, solve_summary
     from freezeopt.formats.schedule import Phases
     from freezeopt.solver import SolveOptions
 
@@ -504,46 +558,10 @@ def solve_cmd(
         phases=Phases(warmup_steps=warmup_steps, full_update_every=full_update_every),
         out=out,
     )
-    summary = {
-        "status": r.status,
-        "mode": r.mode,
-        "solver": r.solver,
-        "budget": r.budget,
-        "baseline_ms": round(r.baseline_ms, 4),
-        "all_frozen_ms": round(r.all_frozen_ms, 4),
-        "lp_bound_ms": round(r.lp_bound_ms, 4),
-        "bound_from_lp": r.bound_from_lp,
-        "predicted_ms": round(r.predicted_ms, 4),
-        "speedup": round(r.baseline_ms / r.predicted_ms, 4) if r.predicted_ms else None,
-        "gap": round(r.gap, 6),
-        "signal_dropped": round(r.signal_dropped, 6),
-        "frozen_actions": len({a for a, _ in r.frozen}),
-        "solve_seconds": round(r.solve_seconds, 3),
-        "schedule": str(out) if out else None,
-        "notes": list(r.notes),
-    }
     if as_json:
-        _print_json(summary)
-        return
-    gain = r.baseline_ms - r.predicted_ms
-    room = r.baseline_ms - r.lp_bound_ms
-    # without the LP the bound is one of freezeopt.solver.balance's or freezeopt.solver.relax's (notes say which)
-    no_lp = not r.bound_from_lp
-    what = "bound (no LP)" if no_lp else "LP bound"
-    lines = [
-        f"status          {r.status} ({r.mode}, {r.solver}, {r.solve_seconds:.2f} s)",
-        f"no freezing     {r.baseline_ms:10.2f} ms",
-        f"all frozen      {r.all_frozen_ms:10.2f} ms   (floor)",
-        f"{what:<16}{r.lp_bound_ms:10.2f} ms   (budget {r.budget:g})",
-        f"predicted       {r.predicted_ms:10.2f} ms   ({r.baseline_ms / r.predicted_ms:.3f}x, "
-        f"{100 * gain / room if room > 1e-12 else 100:.1f}% of the "
-        f"{'bound' if no_lp else 'LP-bound'} gain, "
-        f"gap {100 * r.gap:.2f}%)",
-        f"signal dropped  {100 * r.signal_dropped:9.2f} %",
-    ]
-    lines += [f"note: {n}" for n in r.notes]
-    lines.append(f"wrote {out}" if out else "no schedule written (pass -o FILE.yaml to write one)")
-    typer.echo("\n".join(lines))
+        _print_json(solve_summary(r, out))
+    else:
+        typer.echo(format_solve(r, out))
 
 
 @app.command()
@@ -571,37 +589,15 @@ def simulate(
 
     Example: freezeopt simulate schedules/x.yaml --profile profiles/x.json --gantt out/x.png
     """
-    from freezeopt.model.timelines import simulate_files
+    from freezeopt.model.timelines import format_simulate, simulate_files, simulate_summary
 
     rep = simulate_files(schedule, profile, gantt=gantt, measured=measured)
     for w in rep.warnings:
         typer.echo(f"warning: {w}", err=True)
-    tl, base = rep.timeline, rep.baseline
-    path = [str(a) for a in tl.critical_path]
     if as_json:
-        _print_json(
-            {
-                "baseline_ms": round(base.makespan, 4),
-                "predicted_ms": round(tl.makespan, 4),
-                "speedup": round(base.makespan / tl.makespan, 4) if tl.makespan else None,
-                "critical_path": path,
-                "frozen_actions": len({a for a, _ in rep.plan}),
-                "gantt": str(gantt) if gantt else None,
-                "measured": {
-                    m.kind: {"step": m.step, "step_ms": round(m.timeline.makespan, 4)}
-                    for m in rep.measured
-                },
-            }
-        )
-        return
-    typer.echo(f"no freezing  {base.makespan:10.2f} ms")
-    typer.echo(f"schedule     {tl.makespan:10.2f} ms   ({base.makespan / tl.makespan:.3f}x)")
-    for m in rep.measured:
-        what = "freezing step" if m.kind == "freeze" else "full-update step"
-        typer.echo(f"measured     {m.timeline.makespan:10.2f} ms   ({what} {m.step})")
-    typer.echo(f"critical path ({len(path)} actions): {' '.join(path)}")
-    if gantt:
-        typer.echo(f"wrote {gantt}")
+        _print_json(simulate_summary(rep, gantt))
+    else:
+        typer.echo(format_simulate(rep, gantt))
 
 
 @app.command()

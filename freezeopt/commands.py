@@ -8,7 +8,7 @@ Each function here is what one CLI command calls (`synth`, `solve`, `validate`; 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from freezeopt.fileio import check_output_file
 from freezeopt.formats.profile import Profile, load_profile, profile_sha256, save_profile
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     pass
 
 __all__ = [
+    "format_solve",
     "solve_file",
+    "solve_summary",
     "synth_file",
     "validate_files",
 ]
@@ -72,6 +74,51 @@ def solve_file(
     if out is not None:
         save_schedule(sched, out)
     return result, sched
+
+
+def solve_summary(r: SolveResult, out: Path | None) -> dict[str, Any]:
+    """What `freezeopt solve --json` prints."""
+    return {
+        "status": r.status,
+        "mode": r.mode,
+        "solver": r.solver,
+        "budget": r.budget,
+        "baseline_ms": round(r.baseline_ms, 4),
+        "all_frozen_ms": round(r.all_frozen_ms, 4),
+        "lp_bound_ms": round(r.lp_bound_ms, 4),
+        "bound_from_lp": r.bound_from_lp,
+        "predicted_ms": round(r.predicted_ms, 4),
+        "speedup": round(r.baseline_ms / r.predicted_ms, 4) if r.predicted_ms else None,
+        "gap": round(r.gap, 6),
+        "signal_dropped": round(r.signal_dropped, 6),
+        "frozen_actions": len({a for a, _ in r.frozen}),
+        "solve_seconds": round(r.solve_seconds, 3),
+        "schedule": str(out) if out else None,
+        "notes": list(r.notes),
+    }
+
+
+def format_solve(r: SolveResult, out: Path | None) -> str:
+    """What `freezeopt solve` prints for people."""
+    gain = r.baseline_ms - r.predicted_ms
+    room = r.baseline_ms - r.lp_bound_ms
+    # without the LP the bound is the rank-load bound or the relaxation's (the notes say which)
+    no_lp = not r.bound_from_lp
+    what = "bound (no LP)" if no_lp else "LP bound"
+    lines = [
+        f"status          {r.status} ({r.mode}, {r.solver}, {r.solve_seconds:.2f} s)",
+        f"no freezing     {r.baseline_ms:10.2f} ms",
+        f"all frozen      {r.all_frozen_ms:10.2f} ms   (floor)",
+        f"{what:<16}{r.lp_bound_ms:10.2f} ms   (budget {r.budget:g})",
+        f"predicted       {r.predicted_ms:10.2f} ms   ({r.baseline_ms / r.predicted_ms:.3f}x, "
+        f"{100 * gain / room if room > 1e-12 else 100:.1f}% of the "
+        f"{'bound' if no_lp else 'LP-bound'} gain, "
+        f"gap {100 * r.gap:.2f}%)",
+        f"signal dropped  {100 * r.signal_dropped:9.2f} %",
+    ]
+    lines += [f"note: {n}" for n in r.notes]
+    lines.append(f"wrote {out}" if out else "no schedule written (pass -o FILE.yaml to write one)")
+    return "\n".join(lines)
 
 
 def validate_files(schedule_path: Path, profile_path: Path | None) -> tuple[Schedule, list[str]]:

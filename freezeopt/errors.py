@@ -1,10 +1,14 @@
 """The errors freezeopt raises for things a user can fix.
 
 Every message is one line that says what is wrong and how to fix it. The CLI turns these into a
-line on stderr and the exit code below, never a traceback.
+line on stderr and the exit code below, never a traceback. An option named in a message is marked
+with `option("time_limit")`: a library caller reads the field's name (`time_limit`), the command
+line the flag it came from (`--time-limit`, through `FreezeoptError.said` and the CLI's table).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 __all__ = [
     "EXIT_CODES",
@@ -15,13 +19,34 @@ __all__ = [
     "RankFailedError",
     "SolverError",
     "StoppedError",
+    "option",
 ]
+
+
+_FIELD = "\x00"
+"""Brackets an option's field name inside a message (a byte no path, flag or number holds)."""
+
+
+def option(name: str) -> str:
+    """An option's name inside an error message: `name` where the library's caller reads it, the
+    command-line flag where the CLI prints it (`FreezeoptError.said`)."""
+    return f"{_FIELD}{name}{_FIELD}"
 
 
 class FreezeoptError(Exception):
     """Base class: a problem the user can fix. `exit_code` is what the CLI exits with."""
 
     exit_code = 1
+
+    def said(self, names: Mapping[str, str] | None = None) -> str:
+        """The message, each option marked with `option` named as `names` maps it (else by its
+        field name)."""
+        parts = str(self.args[0] if self.args else "").split(_FIELD)
+        names = names or {}
+        return "".join(names.get(p, p) if i % 2 else p for i, p in enumerate(parts))
+
+    def __str__(self) -> str:
+        return self.said()
 
 
 class InputError(FreezeoptError):

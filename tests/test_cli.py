@@ -150,6 +150,22 @@ def test_a_milp_that_keeps_its_start_still_has_the_lp_bound(
     assert out["status"] == "heuristic_fallback" and out["bound_from_lp"] is True
 
 
+def test_every_option_field_in_the_flag_table_names_a_flag_of_the_cli() -> None:
+    """`cli.FLAGS` maps the option fields the library's errors name to flags: each flag it
+    names exists on some command (the two library-only options name themselves)."""
+    import typer.main
+
+    from freezeopt.cli import FLAGS, app
+
+    group = typer.main.get_command(app)
+    flags = {o for cmd in group.commands.values() for p in cmd.params for o in p.opts}  # type: ignore[attr-defined]
+    assert {f for f in FLAGS.values() if f.startswith("--")} <= flags
+    assert {f for f in FLAGS.values() if not f.startswith("--")} == {
+        "stop_at_val_loss",
+        "stop_from",
+    }
+
+
 @pytest.mark.parametrize(
     ("args", "code", "msg"),
     [
@@ -187,6 +203,27 @@ def test_a_milp_that_keeps_its_start_still_has_the_lp_bound(
         (["compare", "tiny-gpt", "-o", "{p}"], 2, "is not a folder"),
         (["simulate", "{t}/s.yaml", "-p", "{p}", "--gantt", "{t}/s.yaml"], 2, "is an input of"),
         (["compare", "tiny-gpt", "--warmup-steps", "-1"], 2, "--warmup-steps must not be neg"),
+        # the training options' own checks, their fields named by the flags they came from
+        (
+            ["train", "tiny-gpt", "--steps", "2", "--keep-checkpoints", "0"],
+            2,
+            "--keep-checkpoints must",
+        ),
+        (
+            ["train", "tiny-gpt", "--steps", "2", "--warmup-steps", "3"],
+            2,
+            "--warmup-steps and --full-update-every need --schedule$",
+        ),
+        (
+            ["train", "tiny-gpt", "--steps", "2", "--replan-every", "2"],
+            2,
+            "--replan-every and --replan-on-drift need --schedule$",
+        ),
+        (
+            ["train", "tiny-gpt", "--steps", "2", "--replan-mode", "x"],
+            2,
+            "--replan-mode must be one",
+        ),
     ],
 )
 def test_user_errors_are_one_line(

@@ -5,7 +5,7 @@ with the same runtime, job, seed and data order. Each repeat trains `none` first
 steps: its final validation loss is that repeat's target. The other policies follow, in an order
 rotated from one repeat to the next so slow drift of the machine falls on all of them alike; each
 may train up to `overrun`·N steps and stops at the first validation from step N on once its
-validation loss has reached the target (`train_job(stop_at_val_loss=…, stop_from=N)`).
+validation loss has reached the target (`TrainOptions(stop_at_val_loss=…, stop_from=N)`).
 Validation runs every `val_every` steps and at step N.
 
 So accuracy is compared like for like, at the same N steps — the validation loss at step N, the
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from freezeopt.compare.policies import BUDGETED, MATCH_TOLERANCE, POLICIES, Policy, policy_schedule
-from freezeopt.errors import FreezeoptError, InputError
+from freezeopt.errors import FreezeoptError, InputError, option
 from freezeopt.fileio import atomic_write_bytes, atomic_write_text, check_output_folder
 from freezeopt.formats.profile import load_profile
 from freezeopt.formats.schedule import Drift, Phases, check_phase_flags, save_schedule
@@ -91,6 +91,9 @@ class CompareOptions:
     """Budgets for the sweep (each: one N-step run per policy that has a budget)."""
     seed: int = 0
     time_limit: float = 60.0
+
+    def __post_init__(self) -> None:
+        _check(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,9 +186,9 @@ def compare_job(
     and the machine's load average.
     """
     from freezeopt.profiling.run import profile_job
+    from freezeopt.training.options import CheckpointOptions, PhaseOverrides, TrainOptions
     from freezeopt.training.train import train_job
 
-    _check(opts)
     check_output_folder(Path(out_dir), "-o")
     job_obj = open_job(job)
     if job_obj.val_batches < 1:
@@ -234,29 +237,27 @@ def compare_job(
     ) -> Run:
         sched = schedule_for(policy, budget)
         rdir = out_dir / "runs" / f"{tag}-{policy}-b{budget:g}-r{repeat}"
-        rep = train_job(
-            job,
-            schedule_path=sched,
+        run_opts = TrainOptions(
             steps=steps,
             out_dir=rdir,
-            warmup_steps=opts.warmup_steps,
-            full_update_every=0,
+            schedule=sched,
+            phases=PhaseOverrides(warmup_steps=opts.warmup_steps, full_update_every=0),
+            checkpoints=CheckpointOptions(keep=1),
             val_every=opts.val_every,
-            keep_checkpoints=1,
             progress=progress,
             stop_at_val_loss=None if steps == n else target,
             stop_from=n,
         )
+        rep = train_job(job, run_opts)
         empty = not predicted[(policy, budget)].frozen  # no freezing steps, as planned
         warnings.extend(
             f"{rdir.name}: {w}"
             for w in rep.warnings
-            if not (empty and w.startswith("no freezing step was measured"))
+            if not (empty and w.kind == "no_freezing_step")
             # a run's own speed-up (against its full-update steps) is not used here: each policy
-            # is timed against `none`'s run, and the hint names train's options
-            and not w.startswith("no full-update step was measured")
-            # a report written again replaces its own runs: not worth a warning
-            and not w.startswith("replaced the earlier run")
+            # is timed against `none`'s run, and the hint names train's options; and a report
+            # written again replaces its own runs: not worth a warning
+            and w.kind not in ("no_full_update_step", "replaced_run")
         )
         return _read_run(
             rdir,
@@ -357,24 +358,29 @@ def load_compare(out_dir: Path) -> CompareReport:
 
 
 def _check(opts: CompareOptions) -> None:
+    """Refuse values out of range: an `InputError` naming the field."""
     bad = [p for p in opts.policies if p not in POLICIES]
     if bad:
         raise InputError(f"unknown policy {bad[0]!r}; use {', '.join(POLICIES)}")
     if "none" not in opts.policies:
         raise InputError(
-            "the comparison needs the `none` policy as its reference; add it to --policies"
+            f"the comparison needs the `none` policy as its reference; add it to {option('policies')}"
         )
     if len(set(opts.policies)) != len(opts.policies):
-        raise InputError("--policies names a policy twice; name each once")
+        raise InputError(f"{option('policies')} names a policy twice; name each once")
     check_phase_flags(opts.warmup_steps, None)
     if opts.steps <= opts.warmup_steps + 5:
-        raise InputError(f"--steps must exceed the warm-up ({opts.warmup_steps}) by more than 5")
+        raise InputError(
+            f"{option('steps')} must exceed the warm-up ({opts.warmup_steps}) by more than 5"
+        )
     if opts.repeats < 1:
-        raise InputError("--repeats must be at least 1")
+        raise InputError(f"{option('repeats')} must be at least 1")
     if opts.val_every < 1:
-        raise InputError("--val-every must be at least 1 (the comparison needs validation losses)")
+        raise InputError(
+            f"{option('val_every')} must be at least 1 (the comparison needs validation losses)"
+        )
     if not (math.isfinite(opts.overrun) and 1.0 <= opts.overrun <= 100.0):
-        raise InputError(f"--overrun must be between 1 and 100 (got {opts.overrun:g})")
+        raise InputError(f"{option('overrun')} must be between 1 and 100 (got {opts.overrun:g})")
     for b in (opts.budget, *opts.sweep):
         if not 0.0 <= b <= 1.0:
             raise InputError(f"budget {b:g} is outside [0, 1]; budgets are shares of the signal")

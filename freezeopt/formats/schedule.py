@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from freezeopt.errors import InputError, MismatchError
+from freezeopt.errors import InputError, MismatchError, option
 from freezeopt.fileio import atomic_write_text, invalid_file, load_yaml_file
 from freezeopt.formats.profile import MAX_MICROBATCHES, MAX_RANKS, Profile
 
@@ -148,9 +148,9 @@ def check_phase_flags(warmup_steps: int | None, full_update_every: int | None) -
     """The command-line phase options (`--warmup-steps`, `--full-update-every`) a schedule can
     hold: checked where they are given, so that no command writes a file the loaders reject."""
     if warmup_steps is not None and warmup_steps < 0:
-        raise InputError("--warmup-steps must not be negative")
+        raise InputError(f"{option('warmup_steps')} must not be negative")
     if full_update_every is not None and full_update_every < 0:
-        raise InputError("--full-update-every must not be negative (0: never)")
+        raise InputError(f"{option('full_update_every')} must not be negative (0: never)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from freezeopt.actions import Action, parse_action
 from freezeopt.errors import InputError, MismatchError
@@ -25,7 +25,15 @@ from freezeopt.model.simulate import Timeline, simulate
 if TYPE_CHECKING:
     from freezeopt.model.plot import GanttPanel
 
-__all__ = ["MeasuredStep", "SimulateReport", "gantt_panels", "load_action_log", "simulate_files"]
+__all__ = [
+    "MeasuredStep",
+    "SimulateReport",
+    "format_simulate",
+    "gantt_panels",
+    "load_action_log",
+    "simulate_files",
+    "simulate_summary",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,3 +220,36 @@ def _frozen_share(dag: PipelineDag, frozen: dict[Action, tuple[str, ...]]) -> di
         if skipped > 0 and total > 0:
             out[a] = skipped / total
     return out
+
+
+def simulate_summary(rep: SimulateReport, gantt: Path | None) -> dict[str, Any]:
+    """What `freezeopt simulate --json` prints."""
+    tl, base = rep.timeline, rep.baseline
+    return {
+        "baseline_ms": round(base.makespan, 4),
+        "predicted_ms": round(tl.makespan, 4),
+        "speedup": round(base.makespan / tl.makespan, 4) if tl.makespan else None,
+        "critical_path": [str(a) for a in tl.critical_path],
+        "frozen_actions": len({a for a, _ in rep.plan}),
+        "gantt": str(gantt) if gantt else None,
+        "measured": {
+            m.kind: {"step": m.step, "step_ms": round(m.timeline.makespan, 4)} for m in rep.measured
+        },
+    }
+
+
+def format_simulate(rep: SimulateReport, gantt: Path | None) -> str:
+    """What `freezeopt simulate` prints for people."""
+    tl, base = rep.timeline, rep.baseline
+    path = [str(a) for a in tl.critical_path]
+    lines = [
+        f"no freezing  {base.makespan:10.2f} ms",
+        f"schedule     {tl.makespan:10.2f} ms   ({base.makespan / tl.makespan:.3f}x)",
+    ]
+    for m in rep.measured:
+        what = "freezing step" if m.kind == "freeze" else "full-update step"
+        lines.append(f"measured     {m.timeline.makespan:10.2f} ms   ({what} {m.step})")
+    lines.append(f"critical path ({len(path)} actions): {' '.join(path)}")
+    if gantt:
+        lines.append(f"wrote {gantt}")
+    return "\n".join(lines)

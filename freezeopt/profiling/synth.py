@@ -28,7 +28,7 @@ from pathlib import Path
 
 from freezeopt import __version__
 from freezeopt.actions import Action, parse_action
-from freezeopt.errors import InputError
+from freezeopt.errors import InputError, option
 from freezeopt.formats.profile import (
     ActionCost,
     GradientTrace,
@@ -67,6 +67,9 @@ class SynthOptions:
     lag_ms: float = 0.1
     trace_steps: int = 4
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self)
 
 
 def load_csv_schedule(path: str | Path) -> tuple[tuple[Action, ...], ...]:
@@ -117,7 +120,6 @@ def check_csv_counts(
 
 def synth_profile(opts: SynthOptions) -> Profile:
     """Build a synthetic profile from `opts` (deterministic for a given seed)."""
-    _check(opts)
     if opts.schedule.lower().endswith(".csv"):
         rank_acts = load_csv_schedule(opts.schedule)
         sched_name = f"csv:{Path(opts.schedule).name}"
@@ -261,10 +263,11 @@ def _chi(rng: random.Random, mean: float, dof: int = 64) -> float:
 
 
 def _check(o: SynthOptions) -> None:
+    """Refuse values out of range: an `InputError` naming the field."""
     numbers = ("forward_ms", "backward_ms", "weight_share", "jitter", "noise", "last_stage_factor")
     for name in (*numbers, "lag_ms"):
         if not math.isfinite(getattr(o, name)):
-            raise InputError(f"--{name.replace('_', '-')} must be a finite number")
+            raise InputError(f"{option(name)} must be a finite number")
     positive = {
         "ranks": o.ranks,
         "microbatches": o.microbatches,
@@ -275,14 +278,14 @@ def _check(o: SynthOptions) -> None:
         positive["stages_per_rank"] = o.stages_per_rank
     for k, v in positive.items():
         if v < 1:
-            raise InputError(f"--{k.replace('_', '-')} must be at least 1 (got {v})")
+            raise InputError(f"{option(k)} must be at least 1 (got {v})")
     if o.forward_ms <= 0 or o.backward_ms <= 0:
-        raise InputError("--forward-ms and --backward-ms must be positive")
+        raise InputError(f"{option('forward_ms')} and {option('backward_ms')} must be positive")
     if not 0 < o.weight_share <= 1:
-        raise InputError(f"--weight-share must be in (0, 1] (got {o.weight_share})")
+        raise InputError(f"{option('weight_share')} must be in (0, 1] (got {o.weight_share})")
     if not 0 <= o.jitter < 1 or not 0 <= o.noise < 0.5:
-        raise InputError("--jitter must be in [0, 1) and --noise in [0, 0.5)")
+        raise InputError(f"{option('jitter')} must be in [0, 1) and {option('noise')} in [0, 0.5)")
     if o.last_stage_factor <= 0 or o.lag_ms < 0 or o.trace_steps < 0:
         raise InputError(
-            "--last-stage-factor must be positive, --lag-ms and --trace-steps non-negative"
+            f"{option('last_stage_factor')} must be positive, {option('lag_ms')} and {option('trace_steps')} non-negative"
         )

@@ -28,6 +28,7 @@ from typing import Literal
 import numpy as np
 
 from freezeopt.actions import Action
+from freezeopt.errors import InputError, option
 from freezeopt.model.dag import PipelineDag
 from freezeopt.model.sensitivity import Estimator, GroupSignal
 from freezeopt.model.simulate import Timer
@@ -87,6 +88,31 @@ class SolveOptions:
     answers with the search from a plan built without the LP (status `heuristic_fallback`, LP
     bound replaced by the rank-load bound of `freezeopt.solver.balance` or the first-order relaxation's;
     the search stops at the time limit) instead of failing. The `heuristic` mode always does this."""
+
+    def __post_init__(self) -> None:
+        """Refuse values out of range: an `InputError` naming the field."""
+        for name in ("budget", "group_cap", "tolerance"):
+            v = getattr(self, name)
+            if not (isinstance(v, float | int) and math.isfinite(v) and 0 <= v <= 1):
+                raise InputError(f"{option(name)} must be a number in [0, 1] (got {v})")
+        cap = self.stage_cap
+        if cap is not None and not (math.isfinite(cap) and 0 <= cap <= 1):
+            raise InputError(f"{option('stage_cap')} must be in [0, 1] (got {cap})")
+        if not (self.time_limit > 0 and math.isfinite(self.time_limit)):
+            raise InputError(
+                f"{option('time_limit')} must be a positive, finite number of seconds "
+                f"(got {self.time_limit})"
+            )
+        if not (0 <= self.gap < 1):
+            raise InputError(f"{option('gap')} must be in [0, 1) (got {self.gap})")
+        if self.threads < 1:
+            raise InputError(f"{option('threads')} must be at least 1 (got {self.threads})")
+        if self.fallback not in ("none", "heuristic"):
+            raise InputError(f"unknown fallback {self.fallback!r}; use none or heuristic")
+        if self.mode not in MODES:
+            raise InputError(f"unknown mode {self.mode!r}; use one of {', '.join(MODES)}")
+        if self.solver not in SOLVERS:
+            raise InputError(f"unknown solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

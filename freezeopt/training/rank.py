@@ -42,7 +42,6 @@ Test-only faults (`freezeopt.training.faults`) hook in at the batch, the learnin
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -72,10 +71,12 @@ from freezeopt.torchpp.pipeline import (
 )
 from freezeopt.training import checkpoint as ckpt
 from freezeopt.training.faults import TrainFault, corrupt, damage_file
+from freezeopt.training.options import TrainOptions
 from freezeopt.training.replan import MIN_SAMPLES, CostWindow, ReplanSpec, skipped_ms
 from freezeopt.training.replan_worker import ReplanWorker
+from freezeopt.training.runlog import RunLog
 
-__all__ = ["RankTrainResult", "TrainSpec", "jsonable", "train_rank"]
+__all__ = ["RankTrainResult", "TrainSpec", "train_rank"]
 
 _PHASES = ("full", "warmup", "freeze", "full_window", "fallback")
 TIMELINES_KEPT = 16
@@ -89,24 +90,15 @@ class TrainSpec:
     job: Job
     plan: PipelinePlan
     schedule: Schedule | None
-    steps: int
-    """Train until this step (exclusive); a resumed run starts at its checkpoint's step."""
-    out_dir: str
-    rescale: bool = True
-    rollback: bool = False
+    """The schedule replayed, its phases overridden as the options say."""
+    options: TrainOptions
+    """What the run was asked (`steps`: train until this step, exclusive; a resumed run starts at
+    its checkpoint's step)."""
     resume_from: str | None = None
     resume_skipped: tuple[dict[str, str], ...] = ()
     """Newer checkpoints the resume passed over as corrupted (logged as events)."""
-    keep_checkpoints: int = 3
-    checkpoint_every: int = 0
-    val_every: int = 0
     measure_from: int = 0
     """Steps before this one are left out of timing statistics (torch's one-time setup)."""
-    stop_at_val_loss: float | None = None
-    """End the run early, at the first validation from step `stop_from` on, once a validation loss
-    of this run is at most this (None: run all `steps`)."""
-    stop_from: int = 0
-    """With `stop_at_val_loss`: the run trains at least this many steps and validates there too."""
     faults: tuple[TrainFault, ...] = ()
     replan: ReplanSpec | None = None
     """Online re-planning (None: off)."""
@@ -149,19 +141,17 @@ class _Trainer:
         self.spec, self.job, self.plan = spec, spec.job, spec.plan
         self.rank, self.world, self.device, self.beat = ctx.rank, ctx.world, ctx.device, ctx.beat
         self.clock = Clock(ctx.device)
-        self.out = Path(spec.out_dir)
+        self.out = Path(spec.options.out_dir)
         self.ckdir = self.out / "checkpoints"
         self.last = self.plan.n_stages - 1
         self.step_idx = -1
         self.records: list[list[Any]] = []
         self.pending_loss: list[Any] | None = None
-        self.events: list[dict[str, Any]] = []
+        self.log = RunLog(self.out, writes=ctx.rank == 0)
         self.checkpoints: list[str] = []
         self.last_ckpt: str | None = spec.resume_from
         self.warnings: list[str] = []
         self.faults = list(spec.faults)
-        self.logs: dict[str, Any] = {}
-        self.tb: Any = None
         self.units: dict[int, list[list[Any]]] = {}
         """Stage → the parameters of each freezing unit (groups, or single tensors)."""
         rs = spec.replan if spec.replan is not None and spec.replan.enabled else None
@@ -199,8 +189,8 @@ class _Trainer:
             self.ctrl = FreezeController(
                 sched,
                 stages=rp.stages,
-                rescale=self.spec.rescale,
-                rollback=self.spec.rollback,
+                rescale=self.spec.options.rescale,
+                rollback=self.spec.options.checkpoints.rollback,
                 tensors={s: [len(idx) for _, idx in rp.group_idx[s]] for s in rp.stages},
                 replan_on_drift=self.replan_spec is not None and self.replan_spec.on_drift,
             )
@@ -281,7 +271,7 @@ class _Trainer:
             reason is not None
             and self.inflight is None
             and len(self.window) >= MIN_SAMPLES
-            and step + 1 < self.spec.steps  # no step left to run a new plan
+            and step + 1 < self.spec.options.steps  # no step left to run a new plan
         ):
             self._start_replan(step, reason)
 
@@ -341,7 +331,7 @@ class _Trainer:
             self.ctrl.set_schedule(parse_schedule(yaml.safe_load(text), source="re-plan"))
             self.plan_version += 1
             self.plan_text = text
-        self._log_events([payload["event"]])
+        self.log.add_events([payload["event"]])
         self.inflight, self.solve_ready = None, False
 
     def _frozen(self, stage: int, mb: int) -> frozenset[int]:
@@ -416,7 +406,7 @@ class _Trainer:
         if self.rank == 0 and self.replan_spec is not None:
             self.solver.start()  # its Python starts beside the first steps, not at the first re-plan
         start = self._resume() if spec.resume_from else 0
-        self._open_logs(start)
+        self.log.open(start)
         self.beat.tick(1)
         self.beat.set_phase("train")
         steps: list[dict[str, Any]] = []
@@ -426,8 +416,8 @@ class _Trainer:
             "full": deque(maxlen=TIMELINES_KEPT),
         }
         vals: list[tuple[int, float]] = []
-        end, target = spec.steps, spec.stop_at_val_loss
-        for step in range(start, spec.steps):
+        end, target = spec.options.steps, spec.options.stop_at_val_loss
+        for step in range(start, spec.options.steps):
             self.step_idx = self.beat.step = step
             self._checkpoint_before(step, start)
             bad = self._fault("corrupt_checkpoint")
@@ -435,7 +425,7 @@ class _Trainer:
             if bad is not None and bad.rank == self.rank and newest is not None:
                 damage_file(newest.path / f"rank{self.rank}.pt")
             events = self.ctrl.begin_step(step) if self.ctrl is not None else []
-            self._log_events(events)
+            self.log.add_events(events)
             freezing = self.ctrl is not None and self.ctrl.freezing
             phase = self.ctrl.phase if self.ctrl is not None else "full"
             if freezing:
@@ -467,18 +457,18 @@ class _Trainer:
                     )
                 )
             at = step + 1
-            if at < spec.steps and (
-                (spec.val_every and at % spec.val_every == 0)
-                or (target is not None and at == spec.stop_from)
+            if at < spec.options.steps and (
+                (spec.options.val_every and at % spec.options.val_every == 0)
+                or (target is not None and at == spec.options.stop_from)
             ):
                 v = self._validate(at)
                 if v is not None:
                     vals.append((at, v))
                 self.beat.set_phase("train")
                 best = min((x for _, x in vals), default=math.inf)
-                if target is not None and at >= spec.stop_from and best <= target:
+                if target is not None and at >= spec.options.stop_from and best <= target:
                     end = at  # every rank sees the same broadcast validation losses
-                    self._log_events(
+                    self.log.add_events(
                         [{"step": at, "event": "early_stop", "val_loss": best, "target": target}]
                     )
                     break
@@ -488,14 +478,14 @@ class _Trainer:
             if self.rank == 0:
                 self.solver.wait()
             self._apply_replan(end - 1)
-        if end == spec.steps:
+        if end == spec.options.steps:
             v = self._validate(end)
             if v is not None:
                 vals.append((end, v))
         if end > start:
             self._save(end, reason="end")
         dist.barrier()
-        self._close_logs()
+        self.log.close()
         self.solver.close()
         return RankTrainResult(
             rank=self.rank,
@@ -508,7 +498,7 @@ class _Trainer:
             timelines={k: tuple(v) for k, v in kept.items()},
             frozen_plan=self.frozen_plan,
             val_loss=tuple(vals),
-            events=tuple(self.events),
+            events=tuple(self.log.events),
             checkpoints=tuple(self.checkpoints),
             warnings=tuple(self.warnings),
         )
@@ -585,7 +575,7 @@ class _Trainer:
                 grad_norms=norms,
                 step_ms=step_ms if step >= self.spec.measure_from else None,
             )
-            self._log_events(list(decision.events))
+            self.log.add_events(list(decision.events))
         self.drift_replan = decision is not None and decision.replan
         nonfinite = not math.isfinite(loss) or not all(math.isfinite(v) for v in norms.values())
         opt_ms = 0.0
@@ -616,7 +606,7 @@ class _Trainer:
         }
         if self.replan_spec is not None:
             rec["plan"] = self.plan_version
-        self._log_metrics({**rec, "grad_norms": norms})
+        self.log.add_metrics({**rec, "grad_norms": norms})
         return rec
 
     def _validate(self, at_step: int) -> float | None:
@@ -629,7 +619,7 @@ class _Trainer:
         dist.broadcast_object_list(box, src=self.plan.stage_rank[self.last])
         val = box[0]
         if val is not None:
-            self._log_metrics({"step": at_step, "val_loss": val}, scalar_prefix="val")
+            self.log.add_metrics({"step": at_step, "val_loss": val}, scalar_prefix="val")
         return float(val) if val is not None else None
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -644,7 +634,7 @@ class _Trainer:
         ):
             self._save(step, reason=f"{ctrl.phase}->freeze")
             return
-        every = self.spec.checkpoint_every
+        every = self.spec.options.checkpoints.every
         if every and step % every == 0:
             self._save(step, reason="every")
 
@@ -677,11 +667,11 @@ class _Trainer:
         if self.rank == 0:
             meta = {**self.spec.meta, "world_size": self.world}
             ckpt.write_meta(self.ckdir, step, meta, dict(enumerate(digests)))
-            ckpt.prune_checkpoints(self.ckdir, self.spec.keep_checkpoints)
+            ckpt.prune_checkpoints(self.ckdir, self.spec.options.checkpoints.keep)
         dist.barrier()  # meta.json is written before anyone may roll back to it
         self.last_ckpt = str(path)
         self.checkpoints.append(str(path))
-        self._log_events(
+        self.log.add_events(
             [{"step": step, "event": "checkpoint", "reason": reason, "path": str(path)}]
         )
         self.beat.set_phase(phase)
@@ -712,7 +702,7 @@ class _Trainer:
         assert self.spec.resume_from is not None
         state = self._load_into(self.spec.resume_from, full=True)
         step = int(state["step"])
-        self._log_events(
+        self.log.add_events(
             [
                 {"step": step, "event": "checkpoint_corrupt", **skipped}
                 for skipped in self.spec.resume_skipped
@@ -738,7 +728,7 @@ class _Trainer:
             bad_rank = int(float(flag)) - 1
             boxes: list[Any] = [why]
             dist.broadcast_object_list(boxes, src=bad_rank)
-            self._log_events(
+            self.log.add_events(
                 [
                     {
                         "step": step,
@@ -754,13 +744,13 @@ class _Trainer:
         target = self._good_checkpoint(step) if self.last_ckpt is not None else None
         if target is None:
             reason = "no checkpoint yet" if self.last_ckpt is None else "no intact checkpoint"
-            self._log_events([{"step": step, "event": "rollback_skipped", "reason": reason}])
+            self.log.add_events([{"step": step, "event": "rollback_skipped", "reason": reason}])
             return
         self.last_ckpt = target
         state = self._load_into(self.last_ckpt, full=False)
         if self.ctrl is not None and state.get("controller") is not None:
             self.ctrl.rollback_to(state["controller"])
-        self._log_events(
+        self.log.add_events(
             [
                 {
                     "step": step,
@@ -770,68 +760,3 @@ class _Trainer:
                 }
             ]
         )
-
-    # -- logs (rank 0 writes; every rank keeps the events) ----------------------------------------
-    def _open_logs(self, start: int) -> None:
-        if self.rank != 0:
-            return
-        self.out.mkdir(parents=True, exist_ok=True)
-        metrics = self.out / "metrics.jsonl"
-        if start > 0 and metrics.exists():  # a resumed run re-runs the steps after its checkpoint
-            keep = [
-                ln
-                for ln in metrics.read_text().splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) < start
-            ]
-            metrics.write_text("".join(ln + "\n" for ln in keep))
-        self.logs = {
-            "events": open(self.out / "events.jsonl", "a"),  # noqa: SIM115 - closed in _close_logs
-            "metrics": open(metrics, "a"),  # noqa: SIM115
-        }
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(self.out / "tensorboard"))
-        except ImportError:  # tensorboard is optional
-            self.tb = None
-        for ev in self.events:  # events logged before the files were open (resume)
-            self._write("events", ev)
-
-    def _write(self, name: str, obj: dict[str, Any]) -> None:
-        f = self.logs.get(name)
-        if f is not None:
-            f.write(json.dumps(jsonable(obj), sort_keys=True, allow_nan=False) + "\n")
-            f.flush()
-
-    def _log_events(self, events: list[dict[str, Any]]) -> None:
-        for ev in events:
-            self.events.append(ev)
-            self._write("events", ev)
-
-    def _log_metrics(self, rec: dict[str, Any], *, scalar_prefix: str = "train") -> None:
-        self._write("metrics", rec)
-        if self.tb is not None:
-            step = int(rec["step"])
-            for k, v in rec.items():
-                if isinstance(v, int | float) and not isinstance(v, bool) and k != "step":
-                    self.tb.add_scalar(f"{scalar_prefix}/{k}", v, step)
-            for k, v in rec.get("grad_norms", {}).items():
-                self.tb.add_scalar(f"grad_norm/{k}", v, step)
-
-    def _close_logs(self) -> None:
-        for f in self.logs.values():
-            f.close()
-        self.logs = {}
-        if self.tb is not None:
-            self.tb.close()
-
-
-def jsonable(x: Any) -> Any:
-    """JSON-ready: non-finite floats as strings ("nan", "inf"), tuples as lists, keys as strings."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [jsonable(v) for v in x]
-    return x

@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import shutil
 import statistics
@@ -51,19 +50,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from freezeopt.errors import InputError, MismatchError
+from freezeopt.errors import InputError, MismatchError, option
 from freezeopt.fileio import atomic_write_text, check_output_folder
 from freezeopt.formats.profile import load_profile, profile_sha256
 from freezeopt.formats.schedule import (
     Schedule,
-    check_phase_flags,
     dump_schedule,
     group_lists,
     load_schedule,
     schedule_sha256,
 )
 from freezeopt.profiling.assemble import OTHERS_BUSY
-from freezeopt.solver import MODES, Mode
 from freezeopt.torchpp.job import Job, open_job
 from freezeopt.torchpp.launch import (
     cpu_snapshot,
@@ -76,10 +73,12 @@ from freezeopt.torchpp.launch import (
 from freezeopt.torchpp.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
 from freezeopt.training import checkpoint as ckpt
 from freezeopt.training.faults import parse_train_faults
-from freezeopt.training.rank import RankTrainResult, TrainSpec, jsonable, train_rank
+from freezeopt.training.options import PhaseOverrides, ReplanOptions, TrainOptions
+from freezeopt.training.rank import RankTrainResult, TrainSpec, train_rank
 from freezeopt.training.replan import ReplanSpec, check_profile_fits
+from freezeopt.training.runlog import jsonable
 
-__all__ = ["TrainReport", "check_schedule_fits", "format_train_report", "train_job"]
+__all__ = ["RunWarning", "TrainReport", "check_schedule_fits", "format_train_report", "train_job"]
 
 COMPARISON = (
     "side by side in one run: freezing steps against the run's full-update steps (warm-up, "
@@ -98,6 +97,18 @@ _NOT_TRAINING = (  # job fields that do not change the training trajectory (a re
     "hang_timeout_s",
     "timeout_s",
 )
+
+
+class RunWarning(str):
+    """A warning of a run: its text, and what it is about (`kind`) for a caller that acts on it —
+    `replaced_run`, `no_freezing_step`, `no_full_update_step`, or `other`."""
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str = "other") -> RunWarning:
+        w = super().__new__(cls, text)
+        w.kind = kind
+        return w
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +170,7 @@ class TrainReport:
     actions: tuple[dict[str, Any], ...]
     """Per action: rank, frozen groups, median cost in full-update and in freezing steps (ms)."""
     out_dir: str
-    warnings: tuple[str, ...]
+    warnings: tuple[RunWarning, ...]
     host: dict[str, Any]
     wall_s: float
 
@@ -170,79 +181,32 @@ class TrainReport:
 
 def train_job(
     job_path_or_spec: str | Path | Job,
+    opts: TrainOptions,
     *,
-    schedule_path: str | Path | None = None,
-    steps: int,
-    out_dir: str | Path,
-    warmup_steps: int | None = None,
-    full_update_every: int | None = None,
-    resume: bool = False,
-    rollback: bool = False,
-    rescale: bool = True,
-    keep_checkpoints: int = 3,
-    checkpoint_every: int = 0,
-    val_every: int = 0,
-    progress: bool = True,
-    fault: str | None = None,
     overrides: Mapping[str, Any] | None = None,
-    stop_at_val_loss: float | None = None,
-    stop_from: int = 0,
-    profile_path: str | Path | None = None,
-    replan_every: int = 0,
-    replan_on_drift: bool = False,
-    replan_mode: str = "heuristic",
-    replan_time_limit: float = 10.0,
 ) -> TrainReport:
-    """Train `steps` optimizer steps of the job, replaying `schedule_path` (None: no freezing).
+    """Train `opts.steps` optimizer steps of the job, replaying `opts.schedule` (None: no
+    freezing); `overrides` change job fields (as `freezeopt train --ranks …` does).
 
-    `warmup_steps` / `full_update_every` override the schedule's phases. `resume` continues from
-    the last complete checkpoint in `out_dir/checkpoints`; `rollback` restores it on drift;
-    `rescale=False` leaves partly frozen groups' gradients unscaled (for comparison).
-    Checkpoints are taken at phase boundaries, every `checkpoint_every` steps (0: never) and at the
-    end; `keep_checkpoints` are kept. `val_every` adds validation losses during the run (0: only at
-    the end). `stop_at_val_loss` ends the run early: at the first validation from step `stop_from`
-    on (validated there too) once a validation loss of the run is at most it (an `early_stop` event;
-    the report's `end_step` is where it stopped). `fault` is for tests (see `freezeopt.training.faults`). Raises MismatchError, before any
-    process starts, when the schedule does not fit the job; RankFailedError when a rank crashes or
-    hangs (the run can then continue with `resume`).
-
-    Online re-planning: `replan_every` K > 0 re-solves after every K-th step, `replan_on_drift`
-    when the step-time drift rule fires (instead of falling back), both from the run's measured
-    action costs and `profile_path` (the profile the schedule was solved from), in `replan_mode`
-    (`heuristic`, `lp` or `milp`) within `replan_time_limit` seconds per solve.
-    """
+    The schedule's phases can be overridden (`opts.phases`); checkpoints are taken at phase
+    boundaries, every `opts.checkpoints.every` steps and at the end, and `opts.checkpoints.resume`
+    continues from the newest intact one; `opts.replan` re-solves online from the run's measured
+    action costs. Raises MismatchError, before any process starts, when the schedule does not fit
+    the job; RankFailedError when a rank crashes or hangs (the run can then continue with a
+    resume)."""
     t_start = time.monotonic()
     job = open_job(job_path_or_spec, overrides)
-    if steps < 1:
-        raise InputError(f"--steps must be at least 1 (got {steps})")
-    if keep_checkpoints < 1:
-        raise InputError("--keep-checkpoints must be at least 1")
-    if checkpoint_every < 0 or val_every < 0:
-        raise InputError("--checkpoint-every and --val-every must not be negative (0: off)")
-    if stop_at_val_loss is not None and not (
-        math.isfinite(stop_at_val_loss) and 0 <= stop_from <= steps
-    ):
-        raise InputError("stop_at_val_loss must be finite and stop_from within 0..steps")
+    ck = opts.checkpoints
     schedule = None
-    if schedule_path is not None:
-        schedule = _with_phases(load_schedule(schedule_path), warmup_steps, full_update_every)
-    elif warmup_steps is not None or full_update_every is not None:
-        raise InputError("--warmup-steps and --full-update-every need --schedule")
+    if opts.schedule is not None:
+        schedule = _with_phases(load_schedule(opts.schedule), opts.phases)
     plan = plan_pipeline(job)
     groups = preflight(job, plan, in_torchrun=in_torchrun())
     warnings: list[str] = []
     if schedule is not None:
-        check_schedule_fits(schedule, job, plan, groups, source=str(schedule_path))
-    replan = _replan_spec(
-        schedule,
-        profile_path,
-        every=replan_every,
-        on_drift=replan_on_drift,
-        mode=replan_mode,
-        time_limit=replan_time_limit,
-        warnings=warnings,
-    )
-    faults = parse_train_faults(fault or "")
+        check_schedule_fits(schedule, job, plan, groups, source=str(opts.schedule))
+    replan = _replan_spec(schedule, opts.replan, warnings=warnings)
+    faults = parse_train_faults(opts.fault or "")
     for f in faults:
         if (
             f.kind in ("crash", "kill", "hang", "corrupt_checkpoint")
@@ -251,15 +215,15 @@ def train_job(
             raise InputError(f"fault names rank {f.rank}, but the job has ranks 0..{job.ranks - 1}")
         if f.kind == "slow" and not 0 <= f.stage < plan.n_stages:
             raise InputError(f"fault names stage {f.stage}, but the job has {plan.n_stages} stages")
-    out = Path(out_dir)
+    out = Path(opts.out_dir)
     check_output_folder(out, "--out-dir")
     meta = {
         "job": {k: v for k, v in job.to_dict().items() if k not in _NOT_TRAINING},
         "schedule_sha256": None if schedule is None else schedule_sha256(dump_schedule(schedule)),
-        "rescale": rescale,
+        "rescale": opts.rescale,
     }
     start, resume_from = 0, None
-    if resume:
+    if ck.resume:
         skipped: list[dict[str, str]] = []
         good, corrupt = ckpt.good_checkpoints(out / "checkpoints", range(job.ranks))
         newest_good = good[-1].step if good else -1
@@ -272,35 +236,30 @@ def train_job(
             raise InputError(
                 f"no {what} checkpoint under {out / 'checkpoints'}"
                 + (f" ({corrupt[-1][1]})" if corrupt else "")
-                + "; run without --resume to start training"
+                + f"; run without {option('checkpoints.resume')} to start training"
             )
         last = good[-1]
         ckpt.check_meta(last, {**meta, "world_size": job.ranks})
-        if last.step >= steps:
+        if last.step >= opts.steps:
             raise InputError(
-                f"the last checkpoint ({last.path}) is at step {last.step}; pass --steps larger than "
+                f"the last checkpoint ({last.path}) is at step {last.step}; pass {option('steps')} larger than "
                 f"{last.step} to train further"
             )
         start, resume_from = last.step, str(last.path)
     elif (not in_torchrun() or int(os.environ["RANK"]) == 0) and _clear_run(out):
         warnings.append(
-            f"replaced the earlier run in {out}, its checkpoints too (--resume continues a run)"
+            RunWarning(
+                f"replaced the earlier run in {out}, its checkpoints too (--resume continues a run)",
+                "replaced_run",
+            )
         )
     spec = TrainSpec(
         job=job,
         plan=plan,
         schedule=schedule,
-        steps=steps,
-        out_dir=str(out),
-        rescale=rescale,
-        rollback=rollback,
+        options=opts,
         resume_from=resume_from,
-        resume_skipped=tuple(skipped) if resume else (),
-        keep_checkpoints=keep_checkpoints,
-        checkpoint_every=checkpoint_every,
-        val_every=val_every,
-        stop_at_val_loss=stop_at_val_loss,
-        stop_from=stop_from,
+        resume_skipped=tuple(skipped) if ck.resume else (),
         measure_from=start + job.warmup_steps,
         faults=faults,
         replan=replan,
@@ -312,8 +271,8 @@ def train_job(
     results = run_ranks(
         job,
         functools.partial(train_rank, spec),
-        total_units=steps - start + 2,
-        progress=progress,
+        total_units=opts.steps - start + 2,
+        progress=opts.progress,
         verb="training",
         outcome=functools.partial(_resumable, out / "checkpoints"),
         log_prefix="train",
@@ -324,7 +283,7 @@ def train_job(
     report, actions_doc = _assemble(
         spec,
         results,
-        schedule_path=None if schedule_path is None else str(schedule_path),
+        schedule_path=None if opts.schedule is None else str(opts.schedule),
         host=host,
         warnings=warnings,
         wall_s=time.monotonic() - t_start,
@@ -418,66 +377,44 @@ def format_train_report(report: TrainReport) -> str:
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def _with_phases(
-    schedule: Schedule, warmup_steps: int | None, full_update_every: int | None
-) -> Schedule:
-    check_phase_flags(warmup_steps, full_update_every)
+def _with_phases(schedule: Schedule, phases: PhaseOverrides) -> Schedule:
     changes: dict[str, Any] = {}
-    if warmup_steps is not None:
-        changes["warmup_steps"] = warmup_steps
-    if full_update_every is not None:
-        changes["full_update_every"] = full_update_every
+    if phases.warmup_steps is not None:
+        changes["warmup_steps"] = phases.warmup_steps
+    if phases.full_update_every is not None:
+        changes["full_update_every"] = phases.full_update_every
     if not changes:
         return schedule
     return dataclasses.replace(schedule, phases=dataclasses.replace(schedule.phases, **changes))
 
 
 def _replan_spec(
-    schedule: Schedule | None,
-    profile_path: str | Path | None,
-    *,
-    every: int,
-    on_drift: bool,
-    mode: str,
-    time_limit: float,
-    warnings: list[str],
+    schedule: Schedule | None, o: ReplanOptions, *, warnings: list[str]
 ) -> ReplanSpec | None:
-    """Check the re-planning options; None when re-planning is off."""
-    if every < 0:
-        raise InputError("--replan-every must not be negative (0: never)")
-    if not (every or on_drift):
-        if profile_path is not None:
+    """Re-planning's inputs, read and checked against the schedule; None when re-planning is off
+    (`TrainOptions` has checked that a schedule and a profile are given where it is on)."""
+    if not o.on:
+        if o.profile is not None:
             warnings.append(
                 "--profile is read only for online re-planning; without --replan-every or "
                 "--replan-on-drift it was not used"
             )
         return None
-    if schedule is None:
-        raise InputError("--replan-every and --replan-on-drift need --schedule")
-    if profile_path is None:
-        raise InputError(
-            "--replan-every and --replan-on-drift need --profile (the profile the schedule was "
-            "solved from)"
-        )
-    if mode not in MODES:
-        raise InputError(f"--replan-mode must be one of {', '.join(MODES)} (got {mode!r})")
-    if not (math.isfinite(time_limit) and time_limit > 0):
-        raise InputError("--replan-time-limit must be a positive number of seconds")
-    profile = load_profile(profile_path)
-    check_profile_fits(schedule, profile, source=str(profile_path))
+    assert schedule is not None and o.profile is not None
+    profile = load_profile(o.profile)
+    check_profile_fits(schedule, profile, source=str(o.profile))
     sha = profile_sha256(profile)
     if sha != schedule.provenance.profile_sha256:
         warnings.append(
-            f"the schedule was not solved from {profile_path}; re-plans use its costs and signal"
+            f"the schedule was not solved from {o.profile}; re-plans use its costs and signal"
         )
-    m: Mode = mode  # narrowed by the check against MODES above
     return ReplanSpec(
         profile=profile,
         profile_sha256=sha,
-        every=every,
-        on_drift=on_drift,
-        mode=m,
-        time_limit=time_limit,
+        every=o.every,
+        on_drift=o.on_drift,
+        mode=o.mode,
+        time_limit=o.time_limit,
     )
 
 
@@ -516,7 +453,7 @@ def _assemble(
     job, plan, sched = spec.job, spec.plan, spec.schedule
     r0 = results[0]
     steps = list(r0.steps)
-    end = steps[-1]["step"] + 1 if steps else spec.steps  # < spec.steps after an early stop
+    end = steps[-1]["step"] + 1 if steps else spec.options.steps  # < steps after an early stop
     measured = [s for s in steps if s["step"] >= spec.measure_from]
     freeze = [s["step_ms"] for s in measured if s["freezing"]]
     full = [s["step_ms"] for s in measured if not s["freezing"]]
@@ -528,14 +465,25 @@ def _assemble(
             f" after the resume at step {start}" if start else ""
         )
         warnings.append(
-            f"no freezing step was measured (warm-up {sched.phases.warmup_steps} steps; steps "
-            f"before {spec.measure_from} left out, {left_out}); "
-            + ("train more --steps" if start else "pass a smaller --warmup-steps or more --steps")
+            RunWarning(
+                f"no freezing step was measured (warm-up {sched.phases.warmup_steps} steps; steps "
+                f"before {spec.measure_from} left out, {left_out}); "
+                + (
+                    "train more --steps"
+                    if start
+                    else "pass a smaller --warmup-steps or more --steps"
+                ),
+                "no_freezing_step",
+            )
         )
     if sched is not None and freeze and not full:
         warnings.append(
-            "no full-update step was measured, so there is no measured speed-up; pass --warmup-steps larger "
-            f"than the job's {job.warmup_steps} unmeasured steps, or --full-update-every"
+            RunWarning(
+                "no full-update step was measured, so there is no measured speed-up; pass "
+                f"--warmup-steps larger than the job's {job.warmup_steps} unmeasured steps, or "
+                "--full-update-every",
+                "no_full_update_step",
+            )
         )
     others = host.get("other_cpu_cores")
     if others is not None and others > OTHERS_BUSY:
@@ -610,8 +558,8 @@ def _assemble(
         events=events,
         checkpoints=r0.checkpoints,
         actions=actions,
-        out_dir=spec.out_dir,
-        warnings=tuple(warnings),
+        out_dir=str(spec.options.out_dir),
+        warnings=tuple(w if isinstance(w, RunWarning) else RunWarning(w) for w in warnings),
         host=host,
         wall_s=wall_s,
     )

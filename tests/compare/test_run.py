@@ -170,7 +170,7 @@ def test_aggregate_medians_spread_and_never() -> None:
     pred = SimpleNamespace(predicted_ms=50.0, lp_bound_ms=40.0, signal_dropped=0.1)
     policies = ("none", "fast", "lossy", "once")
     predicted = {(p, 0.1): pred for p in policies}
-    opts = CompareOptions(policies=policies, repeats=3)  # type: ignore[arg-type]
+    opts = SimpleNamespace(policies=policies, repeats=3, budget=0.1)  # made-up policies
     res = {r.policy: r for r in _aggregate(runs, predicted, {}, opts)}
     assert res["none"].ratio == 1.0 and res["none"].time_ratio == 1.0
     fast = res["fast"]
@@ -200,9 +200,9 @@ def test_load_compare_refuses_results_of_an_earlier_version(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("change", "msg"),
     [
-        ({"overrun": 0.5}, "--overrun"),
-        ({"repeats": 0}, "--repeats"),
-        ({"val_every": 0}, "--val-every"),
+        ({"overrun": 0.5}, "^overrun must"),
+        ({"repeats": 0}, "^repeats must"),
+        ({"val_every": 0}, "^val_every must"),
         ({"policies": ("uniform",)}, "`none` policy"),
         ({"policies": ("none", "nope")}, "unknown policy 'nope'"),
         ({"sweep": (1.5,)}, "outside"),
@@ -211,6 +211,7 @@ def test_load_compare_refuses_results_of_an_earlier_version(tmp_path: Path) -> N
 def test_bad_options_are_one_line_errors_before_any_run(
     tmp_path: Path, change: dict, msg: str
 ) -> None:
+    """`CompareOptions` checks itself when it is made, its errors naming the field."""
     with pytest.raises(InputError, match=msg) as e:
         compare_job("tiny-gpt", out_dir=tmp_path / "x", opts=CompareOptions(**change))
     assert "\n" not in str(e.value) and not (tmp_path / "x").exists()

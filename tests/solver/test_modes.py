@@ -141,18 +141,22 @@ def test_write_model_names_everything(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kw", "msg"),
     [
-        ({"budget": 1.5}, "--budget"),
-        ({"budget": float("nan")}, "--budget"),
-        ({"group_cap": -0.1}, "--group-cap"),
-        ({"stage_cap": 2.0}, "--stage-cap"),
-        ({"time_limit": 0}, "--time-limit"),
+        ({"budget": 1.5}, r"^budget must be a number in \[0, 1\] \(got 1\.5\)$"),
+        ({"budget": float("nan")}, "^budget must"),
+        ({"group_cap": -0.1}, "^group_cap must"),
+        ({"stage_cap": 2.0}, "^stage_cap must"),
+        ({"time_limit": 0}, "^time_limit must"),
+        ({"threads": 0}, "^threads must"),
         ({"mode": "exact"}, "unknown mode"),
         ({"solver": "gurobi"}, "unknown solver"),
     ],
 )
-def test_bad_options(kw: dict, msg: str) -> None:
-    with pytest.raises(InputError, match=msg):
-        _solve(make_profile(), **kw)
+def test_bad_options_are_refused_when_the_options_are_made(kw: dict, msg: str) -> None:
+    """`SolveOptions` checks itself, its errors naming the field (the CLI says the flag)."""
+    with pytest.raises(InputError, match=msg) as e:
+        SolveOptions(**kw)
+    flag = "--" + next(iter(kw)).replace("_", "-")
+    assert e.value.said({next(iter(kw)): flag}).startswith((flag, "unknown"))
 
 
 # --- the heuristic's local search (its moves: test_search.py) ----------------------------------
@@ -365,7 +369,7 @@ def test_solve_pauses_the_collector_and_restores_it(
         solve(dag, sig, SolveOptions(mode="heuristic"))
         assert seen == [False] and gc.isenabled() is enabled
         with pytest.raises(InputError):
-            solve(dag, sig, SolveOptions(mode="heuristic", budget=-1.0))
+            solve(dag, sig[:-1], SolveOptions(mode="heuristic"))  # not the DAG's groups
         assert seen == [False, False] and gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()

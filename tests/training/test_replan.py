@@ -10,6 +10,7 @@ run is exactly the old one.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from freezeopt.formats.schedule import load_schedule, parse_microbatches
 from freezeopt.model.dag import build_dag
 from freezeopt.profiling.synth import SynthOptions, synth_profile
 from freezeopt.solver.lp_arrays import LpCache
+from freezeopt.training.options import CheckpointOptions, ReplanOptions, TrainOptions
 from freezeopt.training.replan import CostWindow, ReplanSpec, measured_dag, replan, skipped_ms
 from freezeopt.training.runtime import FreezeController
 from freezeopt.training.train import TrainReport, format_train_report, train_job
@@ -174,13 +176,14 @@ def test_periodic_replan_moves_freezing_to_a_slowed_stage(
     sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-2", "blocks.1": "0-2"}})
     rep = train_job(
         job,
-        schedule_path=sched,
-        profile_path=small_profile,
-        replan_every=4,
-        steps=10,
-        out_dir=tmp_path / "run",
-        fault="slow:stage=1,ms=20,step=0",
-        progress=False,
+        TrainOptions(
+            schedule=sched,
+            steps=10,
+            out_dir=tmp_path / "run",
+            fault="slow:stage=1,ms=20,step=0",
+            progress=False,
+            replan=ReplanOptions(profile=small_profile, every=4),
+        ),
     )
     evs = [e for e in rep.events if e["event"].startswith("replan")]
     assert evs and evs[0]["event"] == "replan" and evs[0]["reason"] == "every"
@@ -224,7 +227,14 @@ def test_periodic_replan_moves_freezing_to_a_slowed_stage(
     # the active plan is in the checkpoints: a resume (re-planning off now) continues with it
     adopted = [e for e in evs if e["event"] == "replan"]
     more = train_job(
-        job, schedule_path=sched, steps=12, out_dir=tmp_path / "run", resume=True, progress=False
+        job,
+        TrainOptions(
+            schedule=sched,
+            steps=12,
+            out_dir=tmp_path / "run",
+            progress=False,
+            checkpoints=CheckpointOptions(resume=True),
+        ),
     )
     assert more.start_step == 10 and more.replans == 0
     _assert_actions_follow(more, load_schedule(Path(adopted[-1]["file"])))
@@ -258,13 +268,14 @@ def test_replan_on_a_split_backward_schedule(tmp_path: Path) -> None:
     sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-3"}})
     rep = train_job(
         job,
-        schedule_path=sched,
-        profile_path=tmp_path / "p.json",
-        replan_every=4,
-        steps=10,
-        out_dir=tmp_path / "run",
-        fault="slow:stage=2,ms=20,step=0",
-        progress=False,
+        TrainOptions(
+            schedule=sched,
+            steps=10,
+            out_dir=tmp_path / "run",
+            fault="slow:stage=2,ms=20,step=0",
+            progress=False,
+            replan=ReplanOptions(profile=tmp_path / "p.json", every=4),
+        ),
     )
     evs = [e for e in rep.events if e["event"] == "replan"]
     assert evs and evs[0]["trigger_step"] == 3
@@ -288,13 +299,14 @@ def test_a_replan_still_solving_at_the_end_is_waited_for_and_reported(
     sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-2"}})
     rep = train_job(
         job,
-        schedule_path=sched,
-        profile_path=small_profile,
-        replan_every=4,
-        steps=6,
-        out_dir=tmp_path / "run",
-        fault="slow_replan:ms=3000",
-        progress=False,
+        TrainOptions(
+            schedule=sched,
+            steps=6,
+            out_dir=tmp_path / "run",
+            fault="slow_replan:ms=3000",
+            progress=False,
+            replan=ReplanOptions(profile=small_profile, every=4),
+        ),
     )
     evs = [e for e in rep.events if e["event"].startswith("replan")]
     assert len(evs) == 1 and evs[0]["trigger_step"] == 3 and evs[0]["step"] == 6
@@ -320,13 +332,14 @@ def test_step_time_drift_replans_instead_of_falling_back(
     )
     rep = train_job(
         job,
-        schedule_path=sched,
-        profile_path=small_profile,
-        replan_on_drift=True,
-        steps=13,
-        out_dir=tmp_path / "run",
-        fault="slow:stage=1,ms=15,step=5",
-        progress=False,
+        TrainOptions(
+            schedule=sched,
+            steps=13,
+            out_dir=tmp_path / "run",
+            fault="slow:stage=1,ms=15,step=5",
+            progress=False,
+            replan=ReplanOptions(profile=small_profile, on_drift=True),
+        ),
     )
     drifts = [e for e in rep.events if e["event"] == "drift"]
     assert drifts and drifts[0]["rules"] == ["step_time"] and drifts[0]["step"] == 9
@@ -342,11 +355,10 @@ def test_step_time_drift_replans_instead_of_falling_back(
 def test_replanning_off_or_never_due_is_the_old_run(tmp_path: Path, small_profile: Path) -> None:
     job = small_job()
     sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-1"}, 1: {"blocks.3": "3"}})
-    kw: dict[str, Any] = {"schedule_path": sched, "steps": 5, "progress": False}
-    off = train_job(job, out_dir=tmp_path / "off", **kw)
-    idle = train_job(
-        job, out_dir=tmp_path / "idle", profile_path=small_profile, replan_every=100, **kw
-    )
+    off_opts = TrainOptions(schedule=sched, steps=5, progress=False, out_dir=tmp_path / "off")
+    off = train_job(job, off_opts)
+    replan = ReplanOptions(profile=small_profile, every=100)
+    idle = train_job(job, dataclasses.replace(off_opts, out_dir=tmp_path / "idle", replan=replan))
     assert off.losses == idle.losses and off.val_loss == idle.val_loss
     assert off.replans == idle.replans == 0 and off.replan_steps == idle.replan_steps == ()
     assert not (tmp_path / "off" / "replans").exists()
@@ -393,19 +405,20 @@ def test_replan_needs_a_schedule_and_a_fitting_profile(tmp_path: Path) -> None:
     from freezeopt.formats.profile import save_profile
 
     job = small_job()
-    with pytest.raises(InputError, match="need --schedule"):
-        train_job(job, steps=3, out_dir=tmp_path / "x", replan_every=2, progress=False)
+    with pytest.raises(InputError, match=r"^replan\.every and replan\.on_drift need schedule$"):
+        TrainOptions(steps=3, out_dir=tmp_path / "x", replan=ReplanOptions(every=2))
     sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0"}})
     other = synth_profile(SynthOptions(ranks=2, microbatches=4, groups=2))
     save_profile(other, tmp_path / "other.json")
     with pytest.raises(MismatchError, match="does not fit the schedule"):
         train_job(
             job,
-            schedule_path=sched,
-            profile_path=tmp_path / "other.json",
-            replan_every=2,
-            steps=3,
-            out_dir=tmp_path / "x",
-            progress=False,
+            TrainOptions(
+                schedule=sched,
+                steps=3,
+                out_dir=tmp_path / "x",
+                progress=False,
+                replan=ReplanOptions(profile=tmp_path / "other.json", every=2),
+            ),
         )
     assert not (tmp_path / "x").exists()

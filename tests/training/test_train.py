@@ -33,6 +33,7 @@ from freezeopt.solver import SolveOptions
 from freezeopt.torchpp.job import Job, load_job, replace_job
 from freezeopt.torchpp.pipeline import plan_pipeline, preflight
 from freezeopt.training.faults import damage_file
+from freezeopt.training.options import CheckpointOptions, PhaseOverrides, TrainOptions
 from freezeopt.training.train import TrainReport, format_train_report, train_job
 
 pytestmark = pytest.mark.slow
@@ -131,9 +132,11 @@ def events(run: Path) -> list[dict[str, Any]]:
 
 def test_all_zero_schedule_is_bit_identical_to_no_controller(tmp_path: Path) -> None:
     job = small_job()
-    plain = train_job(job, steps=4, out_dir=tmp_path / "plain", progress=False)
+    plain = train_job(job, TrainOptions(steps=4, out_dir=tmp_path / "plain", progress=False))
     zero = write_schedule(tmp_path / "zero.yaml", job, {})
-    ctrl = train_job(job, schedule_path=zero, steps=4, out_dir=tmp_path / "zero", progress=False)
+    ctrl = train_job(
+        job, TrainOptions(schedule=zero, steps=4, out_dir=tmp_path / "zero", progress=False)
+    )
     assert [loss for _, loss in plain.losses] == [loss for _, loss in ctrl.losses]
     assert plain.val_loss == ctrl.val_loss and plain.val_loss is not None
     a, b = final_state(plain), final_state(ctrl)
@@ -177,7 +180,9 @@ def test_frozen_everywhere_untouched_and_partial_rescaled(tmp_path: Path) -> Non
     sched = write_schedule(
         tmp_path / "s.yaml", job, {0: {"blocks.1": "0-1"}, 1: {"blocks.2": "0-3"}}
     )
-    rep = train_job(job, schedule_path=sched, steps=2, out_dir=tmp_path / "run", progress=False)
+    rep = train_job(
+        job, TrainOptions(schedule=sched, steps=2, out_dir=tmp_path / "run", progress=False)
+    )
     # gradients of step 0, as logged: blocks.1 is the mean over microbatches 2 and 3 only
     logged = metrics(tmp_path / "run")[0]["grad_norms"]
     full = _reference_grad_norms(job, [0, 1, 2, 3])
@@ -213,17 +218,22 @@ def test_crash_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
         warmup=2,
         every=3,
     )
-    kw: dict[str, Any] = {"schedule_path": sched, "steps": 10, "progress": False}
-    whole = train_job(job, out_dir=tmp_path / "whole", **kw)
+    base = TrainOptions(schedule=sched, steps=10, progress=False, out_dir=tmp_path / "whole")
+    resume = CheckpointOptions(resume=True)
+    whole = train_job(job, base)
     with pytest.raises(RankFailedError) as e:
-        train_job(job, out_dir=tmp_path / "cut", fault="crash:rank=1,step=7", **kw)
+        train_job(
+            job, dataclasses.replace(base, out_dir=tmp_path / "cut", fault="crash:rank=1,step=7")
+        )
     assert "can continue from its last checkpoint with --resume" in str(e.value)
     assert "\n" not in str(e.value)
     with pytest.raises(RankFailedError) as e:  # before the first checkpoint (entering step 2)
-        train_job(job, out_dir=tmp_path / "early", fault="crash:rank=1,step=1", **kw)
+        train_job(
+            job, dataclasses.replace(base, out_dir=tmp_path / "early", fault="crash:rank=1,step=1")
+        )
     assert "no checkpoint yet, so run it again without --resume" in str(e.value)
     shutil.copytree(tmp_path / "cut", tmp_path / "damaged")
-    rest = train_job(job, out_dir=tmp_path / "cut", resume=True, **kw)
+    rest = train_job(job, dataclasses.replace(base, out_dir=tmp_path / "cut", checkpoints=resume))
     # checkpoints are taken entering freezing: after warm-up (2) and after the full window at 5 (6)
     assert rest.start_step == 6
     assert rest.losses == whole.losses[6:]
@@ -241,10 +251,12 @@ def test_crash_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     assert {"step": 6, "event": "resume", "checkpoint": ck6} in evs
     assert [m["step"] for m in metrics(tmp_path / "cut") if "loss" in m] == list(range(10))
     with pytest.raises(InputError, match="larger than 10"):
-        train_job(job, out_dir=tmp_path / "cut", resume=True, **kw)
+        train_job(job, dataclasses.replace(base, out_dir=tmp_path / "cut", checkpoints=resume))
     # a damaged newest checkpoint: detected by its checksum, the one before it is used
     damage_file(tmp_path / "damaged" / "checkpoints" / "step-00000006" / "rank1.pt")
-    older = train_job(job, out_dir=tmp_path / "damaged", resume=True, **kw)
+    older = train_job(
+        job, dataclasses.replace(base, out_dir=tmp_path / "damaged", checkpoints=resume)
+    )
     assert older.start_step == 2 and older.losses == whole.losses[2:]
     assert any("step-00000006" in w and "corrupted" in w for w in older.warnings)
     bad = [e for e in events(tmp_path / "damaged") if e["event"] == "checkpoint_corrupt"]
@@ -262,12 +274,14 @@ def test_injected_drift_falls_back_rolls_back_and_recovers(tmp_path: Path) -> No
     )
     rep = train_job(
         job,
-        schedule_path=sched,
-        steps=24,
-        out_dir=tmp_path / "run",
-        rollback=True,
-        fault="lr_spike:step=15,factor=1000",
-        progress=False,
+        TrainOptions(
+            schedule=sched,
+            steps=24,
+            out_dir=tmp_path / "run",
+            fault="lr_spike:step=15,factor=1000",
+            progress=False,
+            checkpoints=CheckpointOptions(rollback=True),
+        ),
     )
     evs = list(rep.events)
     assert evs == events(tmp_path / "run")
@@ -294,13 +308,14 @@ def test_nan_loss_rolls_back_past_a_corrupted_checkpoint(tmp_path: Path) -> None
     )
     rep = train_job(
         job,
-        schedule_path=sched,
-        steps=18,
-        out_dir=tmp_path / "run",
-        rollback=True,
-        checkpoint_every=5,
-        fault="corrupt_checkpoint:step=15,rank=1;nan_loss:step=15",
-        progress=False,
+        TrainOptions(
+            schedule=sched,
+            steps=18,
+            out_dir=tmp_path / "run",
+            fault="corrupt_checkpoint:step=15,rank=1;nan_loss:step=15",
+            progress=False,
+            checkpoints=CheckpointOptions(rollback=True, every=5),
+        ),
     )
     evs = events(tmp_path / "run")
     assert [e["step"] for e in evs if e["event"] == "checkpoint"][:4] == [2, 5, 10, 15]
@@ -329,11 +344,13 @@ def test_corrupted_batches_fall_back_and_the_run_recovers(tmp_path: Path) -> Non
     )
     rep = train_job(
         job,
-        schedule_path=sched,
-        steps=24,
-        out_dir=tmp_path / "run",
-        fault="corrupt_batch:step=16,steps=3",
-        progress=False,
+        TrainOptions(
+            schedule=sched,
+            steps=24,
+            out_dir=tmp_path / "run",
+            fault="corrupt_batch:step=16,steps=3",
+            progress=False,
+        ),
     )
     drifts = [e for e in rep.events if e["event"] == "drift"]
     assert drifts and 16 <= drifts[0]["step"] <= 18 and "loss_rise" in drifts[0]["rules"]
@@ -357,11 +374,13 @@ def test_slowed_stage_is_caught_by_the_step_time_rule(tmp_path: Path) -> None:
     )
     rep = train_job(
         job,
-        schedule_path=sched,
-        steps=11,
-        out_dir=tmp_path / "run",
-        fault="slow:stage=1,ms=15,step=5",
-        progress=False,
+        TrainOptions(
+            schedule=sched,
+            steps=11,
+            out_dir=tmp_path / "run",
+            fault="slow:stage=1,ms=15,step=5",
+            progress=False,
+        ),
     )
     drifts = [e for e in rep.events if e["event"] == "drift"]
     assert drifts and drifts[0]["rules"] == ["step_time"] and drifts[0]["step"] == 9
@@ -377,7 +396,9 @@ def test_timelyfreeze_realisation_random_tensors(tmp_path: Path) -> None:
         ratios={1: {"blocks.2": {0: 0.5, 1: 0.5}, "blocks.3": {0: 0.5, 1: 0.5}}},
         realisation={"kind": "random_tensors", "rescale": False, "redraw_every": 2, "seed": 3},
     )
-    rep = train_job(job, schedule_path=sched, steps=4, out_dir=tmp_path / "run", progress=False)
+    rep = train_job(
+        job, TrainOptions(schedule=sched, steps=4, out_dir=tmp_path / "run", progress=False)
+    )
     torch.manual_seed(0)
     parts = build_model(n_stages=2, seq_len=job.seq_len, **job.model_args)
     assert parts.groups is not None
@@ -414,10 +435,7 @@ def test_a_schedule_for_another_job_is_refused_before_training(
     with pytest.raises(MismatchError) as e:
         train_job(
             small_job(**changes),
-            schedule_path=sched,
-            steps=3,
-            out_dir=tmp_path / "run",
-            progress=False,
+            TrainOptions(schedule=sched, steps=3, out_dir=tmp_path / "run", progress=False),
         )
     msg = str(e.value)
     assert what in msg and "\n" not in msg and "freezeopt solve" in msg
@@ -425,13 +443,25 @@ def test_a_schedule_for_another_job_is_refused_before_training(
 
 
 def test_bad_options_are_refused(tmp_path: Path) -> None:
+    """The library's errors name the option's field (the CLI says its flag: test_cli.py)."""
     job = small_job()
-    with pytest.raises(InputError, match="--resume"):
-        train_job(job, steps=3, out_dir=tmp_path / "none", resume=True, progress=False)
-    with pytest.raises(InputError, match="need --schedule"):
-        train_job(job, steps=3, out_dir=tmp_path / "x", warmup_steps=2, progress=False)
+    with pytest.raises(InputError, match=r"without checkpoints\.resume to start"):
+        train_job(
+            job,
+            TrainOptions(
+                steps=3,
+                out_dir=tmp_path / "none",
+                progress=False,
+                checkpoints=CheckpointOptions(resume=True),
+            ),
+        )
+    with pytest.raises(InputError, match=r"^warmup_steps and full_update_every need schedule$"):
+        TrainOptions(steps=3, out_dir=tmp_path / "x", phases=PhaseOverrides(warmup_steps=2))
     with pytest.raises(InputError, match="malformed"):
-        train_job(job, steps=3, out_dir=tmp_path / "x", fault="explode:step=1", progress=False)
+        train_job(
+            job,
+            TrainOptions(steps=3, out_dir=tmp_path / "x", fault="explode:step=1", progress=False),
+        )
 
 
 # --- a solved schedule on the built-in job: measured savings against the profile ---------------------
@@ -465,12 +495,13 @@ def solved_run(
     )
     rep = train_job(
         job,
-        schedule_path=tmp / "s.yaml",
-        steps=20,
-        out_dir=tmp / "run",
-        warmup_steps=3,
-        full_update_every=2,
-        progress=False,
+        TrainOptions(
+            schedule=tmp / "s.yaml",
+            steps=20,
+            out_dir=tmp / "run",
+            progress=False,
+            phases=PhaseOverrides(warmup_steps=3, full_update_every=2),
+        ),
     )
     return tmp / "p.json", tmp / "s.yaml", tmp / "run", rep
 

@@ -1,4 +1,4 @@
-"""`train_job(stop_at_val_loss=…)`: a run ends at the first validation from `stop_from` on once
+"""`TrainOptions(stop_at_val_loss=…)`: a run ends at the first validation from `stop_from` on once
 its validation loss reaches the target, and runs to the end when it never does (real 2-rank runs)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from freezeopt.errors import InputError
+from freezeopt.training.options import TrainOptions
 from freezeopt.training.train import train_job
 from tests.training.test_train import small_job
 
@@ -21,12 +22,14 @@ def test_stops_once_the_target_is_reached_not_before_stop_from(tmp_path: Path) -
     # from step 6 on, where it validates (6 is no multiple of val_every) and stops
     rep = train_job(
         small_job(),
-        steps=12,
-        out_dir=tmp_path / "run",
-        val_every=4,
-        stop_at_val_loss=1e9,
-        stop_from=6,
-        progress=False,
+        TrainOptions(
+            steps=12,
+            out_dir=tmp_path / "run",
+            val_every=4,
+            stop_at_val_loss=1e9,
+            stop_from=6,
+            progress=False,
+        ),
     )
     assert rep.end_step == 6 and [s for s, _ in rep.val_losses] == [4, 6]
     assert rep.val_loss == rep.val_losses[-1][1]
@@ -48,12 +51,14 @@ def test_stops_once_the_target_is_reached_not_before_stop_from(tmp_path: Path) -
 def test_runs_to_the_end_when_the_target_is_never_reached(tmp_path: Path) -> None:
     rep = train_job(
         small_job(),
-        steps=10,
-        out_dir=tmp_path / "run",
-        val_every=4,
-        stop_at_val_loss=-1.0,
-        stop_from=6,
-        progress=False,
+        TrainOptions(
+            steps=10,
+            out_dir=tmp_path / "run",
+            val_every=4,
+            stop_at_val_loss=-1.0,
+            stop_from=6,
+            progress=False,
+        ),
     )
     assert rep.end_step == 10 and [s for s, _ in rep.val_losses] == [4, 6, 8, 10]
     assert not any(e["event"] == "early_stop" for e in rep.events)
@@ -62,4 +67,4 @@ def test_runs_to_the_end_when_the_target_is_never_reached(tmp_path: Path) -> Non
 def test_bad_stop_options_are_refused(tmp_path: Path) -> None:
     for kw in ({"stop_at_val_loss": math.nan}, {"stop_at_val_loss": 1.0, "stop_from": 11}):
         with pytest.raises(InputError, match="stop_at_val_loss"):
-            train_job(small_job(), steps=10, out_dir=tmp_path / "x", progress=False, **kw)  # type: ignore[arg-type]
+            TrainOptions(steps=10, out_dir=tmp_path / "x", progress=False, **kw)  # type: ignore[arg-type]

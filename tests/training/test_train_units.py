@@ -202,18 +202,11 @@ def test_a_fresh_run_clears_only_the_run_files_and_says_when_checkpoints_went(
 
 
 def test_a_profile_without_re_planning_is_said_to_be_unused() -> None:
+    from freezeopt.training.options import ReplanOptions
     from freezeopt.training.train import _replan_spec
 
     warnings: list[str] = []
-    off = _replan_spec(
-        None,
-        "p.json",
-        every=0,
-        on_drift=False,
-        mode="heuristic",
-        time_limit=10.0,
-        warnings=warnings,
-    )
+    off = _replan_spec(None, ReplanOptions(profile=Path("p.json")), warnings=warnings)
     assert off is None and warnings == [
         "--profile is read only for online re-planning; without --replan-every or "
         "--replan-on-drift it was not used"
