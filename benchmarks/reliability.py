@@ -279,8 +279,8 @@ def training_section(tmp: Path, steps: int) -> tuple[list[str], bool]:
     from freezeopt.formats.schedule import Phases
     from freezeopt.profiling.run import profile_job
     from freezeopt.solver import SolveOptions
+    from freezeopt.torchpp.faults import damage_file
     from freezeopt.torchpp.job import load_job
-    from freezeopt.training.faults import damage_file
     from freezeopt.training.options import CheckpointOptions, TrainOptions
     from freezeopt.training.train import train_job
 

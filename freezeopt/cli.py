@@ -280,7 +280,7 @@ def train(
     ] = 10.0,
     fault: Annotated[
         str | None,
-        typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.training.faults)."),
+        typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.torchpp.faults)."),
     ] = None,
     no_progress: NoProgressOpt = False,
     as_json: Annotated[

@@ -9,6 +9,7 @@ line the flag it came from (`--time-limit`, through `FreezeoptError.said` and th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "EXIT_CODES",
@@ -20,6 +21,7 @@ __all__ = [
     "SolverError",
     "StoppedError",
     "option",
+    "short",
 ]
 
 
@@ -31,6 +33,12 @@ def option(name: str) -> str:
     """An option's name inside an error message: `name` where the library's caller reads it, the
     command-line flag where the CLI prints it (`FreezeoptError.said`)."""
     return f"{_FIELD}{name}{_FIELD}"
+
+
+def short(v: Any, width: int = 60) -> str:
+    """A value for a one-line message: at most `width` characters."""
+    s = str(v)
+    return s if len(s) <= width else s[: width - 3] + "..."
 
 
 class FreezeoptError(Exception):

@@ -11,7 +11,6 @@ that stage in microbatches 0, 1, 2 and 5. `docs/schedule.md` describes every fie
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,7 +18,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from freezeopt.errors import InputError, MismatchError, option
+from freezeopt.errors import InputError, MismatchError, option, short
 from freezeopt.fileio import atomic_write_text, invalid_file, load_yaml_file
 from freezeopt.formats.profile import MAX_MICROBATCHES, MAX_RANKS, Profile
 
@@ -27,13 +26,13 @@ __all__ = [
     "SCHEDULE_VERSION",
     "Drift",
     "Phases",
+    "PipelineShape",
     "Realisation",
     "Schedule",
     "check_fits",
     "check_phase_flags",
     "dump_schedule",
     "format_microbatches",
-    "group_lists",
     "load_schedule",
     "parse_microbatches",
     "parse_schedule",
@@ -369,39 +368,61 @@ def parse_schedule(data: Any, *, source: str = "schedule") -> Schedule:
     return sched
 
 
-def pipeline_difference(schedule: Schedule, profile: Profile) -> tuple[str, Any, Any] | None:
-    """The first way `profile`'s pipeline differs from the one `schedule` was made for, as (what,
-    value in the schedule, value in the profile), or None when they are the same pipeline."""
-    sp, pp = schedule.pipeline, profile.pipeline
-    want = {
-        "schedule": (sp.schedule, pp.schedule),
-        "ranks": (sp.world_size, pp.world_size),
-        "stages": (sp.n_stages, pp.n_stages),
-        "microbatches": (sp.n_microbatches, pp.n_microbatches),
-        "stage-to-rank map": (list(sp.stage_to_rank), [st.rank for st in profile.stages]),
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineShape:
+    """What a schedule must match to fit a pipeline: a profile's (`of_profile`) or a job's, as
+    `freezeopt train` builds it from torch's schedule classes and the model on the meta device."""
+
+    schedule: str
+    world_size: int
+    n_stages: int
+    n_microbatches: int
+    stage_to_rank: tuple[int, ...]
+    groups: tuple[tuple[str, ...], ...] | None
+    """Per stage, its groups' names (None: not known, not compared)."""
+
+    @classmethod
+    def of_profile(cls, profile: Profile) -> PipelineShape:
+        pp = profile.pipeline
+        return cls(
+            schedule=pp.schedule,
+            world_size=pp.world_size,
+            n_stages=pp.n_stages,
+            n_microbatches=pp.n_microbatches,
+            stage_to_rank=tuple(st.rank for st in profile.stages),
+            groups=tuple(tuple(g.name for g in st.groups) for st in profile.stages),
+        )
+
+
+def pipeline_difference(schedule: Schedule, other: PipelineShape) -> tuple[str, Any, Any] | None:
+    """The first way `other` differs from the pipeline `schedule` was made for, as (what, value in
+    the schedule, value in `other`), or None when they are the same pipeline. The one fit check:
+    validate, simulate, train and re-plans all ask it."""
+    sp = schedule.pipeline
+    want: dict[str, tuple[Any, Any]] = {
+        "schedule": (sp.schedule, other.schedule),
+        "ranks": (sp.world_size, other.world_size),
+        "stages": (sp.n_stages, other.n_stages),
+        "microbatches": (sp.n_microbatches, other.n_microbatches),
+        "stage-to-rank map": (list(sp.stage_to_rank), list(other.stage_to_rank)),
     }
-    want.update(group_lists(schedule, [[g.name for g in st.groups] for st in profile.stages]))
+    if other.groups is not None:
+        pairs = zip(sp.groups, other.groups, strict=False)
+        want.update(
+            {f"stage {s}'s group list": (list(a), list(b)) for s, (a, b) in enumerate(pairs)}
+        )
     return next(((what, a, b) for what, (a, b) in want.items() if a != b), None)
-
-
-def group_lists(
-    schedule: Schedule, other: Sequence[Sequence[str]]
-) -> dict[str, tuple[list[str], list[str]]]:
-    """Per stage, the schedule's group names beside another pipeline's, keyed as a difference
-    is reported ("stage 1's group list")."""
-    pairs = zip(schedule.pipeline.groups, other, strict=False)
-    return {f"stage {s}'s group list": (list(a), list(b)) for s, (a, b) in enumerate(pairs)}
 
 
 def check_fits(
     schedule: Schedule, profile: Profile, *, profile_sha256: str | None = None
 ) -> list[str]:
     """Raise MismatchError if the schedule is for another pipeline; return warnings (e.g. another profile)."""
-    diff = pipeline_difference(schedule, profile)
+    diff = pipeline_difference(schedule, PipelineShape.of_profile(profile))
     if diff is not None:
         what, a, b = diff
         raise MismatchError(
-            f"the schedule does not fit this job: {what} is {_short(a)} in the schedule but {_short(b)} in the "
+            f"the schedule does not fit this job: {what} is {short(a)} in the schedule but {short(b)} in the "
             f"profile; re-solve with `freezeopt solve` on this job's profile"
         )
     warnings = []
@@ -410,11 +431,6 @@ def check_fits(
             "the schedule was solved from a different profile of this pipeline; its prediction may be stale"
         )
     return warnings
-
-
-def _short(v: Any) -> str:
-    s = str(v)
-    return s if len(s) <= 60 else s[:57] + "..."
 
 
 def schedule_sha256(text: str) -> str:

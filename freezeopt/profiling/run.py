@@ -89,16 +89,15 @@ from freezeopt.profiling.assemble import (
     RankResult,
     assemble,
 )
+from freezeopt.torchpp.faults import RANK_FAULTS, Fault, parse_faults
 from freezeopt.torchpp.job import Job, open_job
 from freezeopt.torchpp.launch import (
-    Fault,
     RankContext,
     cpu_snapshot,
     host_info,
     in_torchrun,
     load_avg,
     other_cpu,
-    parse_fault,
     run_ranks,
 )
 from freezeopt.torchpp.pipeline import (
@@ -149,7 +148,7 @@ def profile_job(
     job = open_job(job_path_or_spec, overrides)
     if fault is None and os.environ.get("FREEZEOPT_FAULT"):
         fault = os.environ["FREEZEOPT_FAULT"]
-    flt = parse_fault(fault) if isinstance(fault, str) else fault
+    flt = _one_rank_fault(fault) if isinstance(fault, str) else fault
     if flt is not None and not 0 <= flt.rank < job.ranks:
         raise InputError(f"fault names rank {flt.rank}, but the job has ranks 0..{job.ranks - 1}")
     plan = plan_pipeline(job)
@@ -177,6 +176,17 @@ def profile_job(
     if not in_torchrun() or int(os.environ["RANK"]) == 0:
         save_profile(profile, out)
     return report
+
+
+def _one_rank_fault(text: str) -> Fault | None:
+    """The rank fault `text` names (test-only; `freezeopt.torchpp.faults`), at most one."""
+    faults = parse_faults(text, kinds=RANK_FAULTS, hint=PROFILE_FAULT_HINT)
+    if len(faults) > 1:
+        raise InputError(f"fault {text!r}: profiling injects one fault; {PROFILE_FAULT_HINT}")
+    return faults[0] if faults else None
+
+
+PROFILE_FAULT_HINT = "write e.g. crash:rank=1,step=2, kill:rank=1,step=2 or hang:rank=0,step=3"
 
 
 def format_report(report: ProfileReport) -> str:

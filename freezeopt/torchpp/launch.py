@@ -20,7 +20,7 @@ shared memory (time, progress units, phase, and the action it is computing). The
 * SIGTERM or SIGHUP to this process stops every rank, then raises `StoppedError` (exit 143/129);
   a rank whose parent dies without cleaning up (SIGKILL) is ended by the kernel.
 
-`Fault` (`crash:rank=R,step=S` or `hang:…`) is the test-only failure both commands inject.
+The test-only rank failures both commands inject are `freezeopt.torchpp.faults`' (`crash:rank=R,step=S`, `kill:…`, `hang:…`).
 `host_info`, `cpu_snapshot` and `other_cpu` measure how busy the machine was while the ranks ran,
 because timings taken next to another busy process are not worth reporting.
 """
@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue as queue_mod
-import re
 import resource
 import shutil
 import signal
@@ -44,7 +43,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from freezeopt import errors
 from freezeopt.errors import FreezeoptError, InputError, RankFailedError
@@ -52,7 +51,6 @@ from freezeopt.torchpp.job import Job
 
 __all__ = [
     "Beat",
-    "Fault",
     "RankContext",
     "cpu_snapshot",
     "die_with_parent",
@@ -60,7 +58,6 @@ __all__ = [
     "in_torchrun",
     "load_avg",
     "other_cpu",
-    "parse_fault",
     "run_ranks",
 ]
 
@@ -88,29 +85,6 @@ _CONN_WORDS = (
     "Timed out",
 )
 R = TypeVar("R")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fault:
-    """A test-only injected failure: rank `rank` crashes (raises), is killed (SIGKILL, no cleanup
-    at all) or hangs in its first forward of `step`."""
-
-    kind: Literal["crash", "kill", "hang"]
-    rank: int
-    step: int
-
-
-_FAULT_RE = re.compile(r"^(crash|kill|hang):rank=(\d+),step=(\d+)$")
-
-
-def parse_fault(text: str) -> Fault:
-    """Parse `crash:rank=1,step=2`, `kill:rank=1,step=2` or `hang:rank=0,step=3`."""
-    m = _FAULT_RE.match(text.replace(" ", ""))
-    if m is None:
-        raise InputError(
-            f"fault {text!r} is malformed; write e.g. crash:rank=1,step=2, kill:rank=1,step=2 or hang:rank=0,step=3"
-        )
-    return Fault(kind=m.group(1), rank=int(m.group(2)), step=int(m.group(3)))  # type: ignore[arg-type]
 
 
 # --- heartbeat (shared memory, one row per rank) ------------------------------------------------

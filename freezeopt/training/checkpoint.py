@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from freezeopt.errors import FreezeoptError, InputError, MismatchError
+from freezeopt.errors import FreezeoptError, InputError, MismatchError, short
 from freezeopt.fileio import atomic_write_text, give_usual_mode
 
 __all__ = [
@@ -231,12 +231,7 @@ def check_meta(ckpt: Checkpoint, expected: dict[str, Any]) -> None:
             if key == "schedule_sha256":  # of the schedule as trained: the file and its overrides
                 what += " (the schedule file with --warmup-steps and --full-update-every applied)"
             raise MismatchError(
-                f"checkpoint {ckpt.path} was written with another {what} ({_short(got)} there, "
-                f"{_short(want)} now); resume with the same job, schedule and options, or train "
+                f"checkpoint {ckpt.path} was written with another {what} ({short(got, 40)} there, "
+                f"{short(want, 40)} now); resume with the same job, schedule and options, or train "
                 "into a fresh --out-dir"
             )
-
-
-def _short(v: Any) -> str:
-    s = str(v)
-    return s if len(s) <= 40 else s[:37] + "..."

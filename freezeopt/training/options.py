@@ -112,7 +112,7 @@ class TrainOptions:
     progress: bool = True
     """A progress bar on stderr."""
     fault: str | None = None
-    """Injected faults, for tests (`freezeopt.training.faults`)."""
+    """Injected faults, for tests (`freezeopt.torchpp.faults`)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:

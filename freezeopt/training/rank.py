@@ -37,7 +37,7 @@ plan to `replans/step-NNNNNNNN.yaml` (the first step it runs) and a `replan` eve
 re-plan still solving when the last step ends is waited for and reported at that step. The
 active plan is part of every checkpoint, so a resume continues with it.
 
-Test-only faults (`freezeopt.training.faults`) hook in at the batch, the learning rate and each action.
+Test-only faults (`freezeopt.torchpp.faults`) hook in at the batch, the learning rate and each action.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ import yaml
 from freezeopt.errors import MismatchError
 from freezeopt.fileio import atomic_write_text
 from freezeopt.formats.schedule import Schedule, parse_schedule
+from freezeopt.torchpp.faults import Fault, corrupt, damage_file
 from freezeopt.torchpp.job import Job
 from freezeopt.torchpp.launch import RankContext
 from freezeopt.torchpp.pipeline import (
@@ -70,7 +71,6 @@ from freezeopt.torchpp.pipeline import (
     validation_loss,
 )
 from freezeopt.training import checkpoint as ckpt
-from freezeopt.training.faults import TrainFault, corrupt, damage_file
 from freezeopt.training.options import TrainOptions
 from freezeopt.training.replan import MIN_SAMPLES, CostWindow, ReplanSpec, skipped_ms
 from freezeopt.training.replan_worker import ReplanWorker
@@ -99,7 +99,7 @@ class TrainSpec:
     """Newer checkpoints the resume passed over as corrupted (logged as events)."""
     measure_from: int = 0
     """Steps before this one are left out of timing statistics (torch's one-time setup)."""
-    faults: tuple[TrainFault, ...] = ()
+    faults: tuple[Fault, ...] = ()
     replan: ReplanSpec | None = None
     """Online re-planning (None: off)."""
     meta: dict[str, Any] = field(default_factory=dict)
@@ -394,7 +394,7 @@ class _Trainer:
                 while time.perf_counter() < end:  # busy: a slower stage, not an idle one
                     pass
 
-    def _fault(self, kind: str) -> TrainFault | None:
+    def _fault(self, kind: str) -> Fault | None:
         return next((f for f in self.faults if f.kind == kind and f.step == self.step_idx), None)
 
     # -- the run ------------------------------------------------------------------------------

@@ -37,7 +37,12 @@ from typing import Literal
 
 from freezeopt.errors import MismatchError
 from freezeopt.formats.profile import Profile
-from freezeopt.formats.schedule import Schedule, dump_schedule, pipeline_difference
+from freezeopt.formats.schedule import (
+    PipelineShape,
+    Schedule,
+    dump_schedule,
+    pipeline_difference,
+)
 from freezeopt.model.dag import PipelineDag, build_dag, schedule_plan
 from freezeopt.model.sensitivity import ESTIMATORS, estimate_signal
 from freezeopt.model.simulate import simulate
@@ -158,7 +163,7 @@ def measured_dag(dag: PipelineDag, measured: Mapping[str, float]) -> PipelineDag
 
 def check_profile_fits(schedule: Schedule, profile: Profile, *, source: str) -> None:
     """Raise MismatchError when `profile` is not of the pipeline `schedule` was made for."""
-    diff = pipeline_difference(schedule, profile)
+    diff = pipeline_difference(schedule, PipelineShape.of_profile(profile))
     if diff is not None:
         what, a, b = diff
         raise MismatchError(

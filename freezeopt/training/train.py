@@ -50,17 +50,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from freezeopt.errors import InputError, MismatchError, option
+from freezeopt.errors import InputError, MismatchError, option, short
 from freezeopt.fileio import atomic_write_text, check_output_folder
 from freezeopt.formats.profile import load_profile, profile_sha256
 from freezeopt.formats.schedule import (
+    PipelineShape,
     Schedule,
     dump_schedule,
-    group_lists,
     load_schedule,
+    pipeline_difference,
     schedule_sha256,
 )
 from freezeopt.profiling.assemble import OTHERS_BUSY
+from freezeopt.torchpp.faults import parse_faults
 from freezeopt.torchpp.job import Job, open_job
 from freezeopt.torchpp.launch import (
     cpu_snapshot,
@@ -72,7 +74,6 @@ from freezeopt.torchpp.launch import (
 )
 from freezeopt.torchpp.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
 from freezeopt.training import checkpoint as ckpt
-from freezeopt.training.faults import parse_train_faults
 from freezeopt.training.options import PhaseOverrides, ReplanOptions, TrainOptions
 from freezeopt.training.rank import RankTrainResult, TrainSpec, train_rank
 from freezeopt.training.replan import ReplanSpec, check_profile_fits
@@ -206,7 +207,7 @@ def train_job(
     if schedule is not None:
         check_schedule_fits(schedule, job, plan, groups, source=str(opts.schedule))
     replan = _replan_spec(schedule, opts.replan, warnings=warnings)
-    faults = parse_train_faults(opts.fault or "")
+    faults = parse_faults(opts.fault or "")
     for f in faults:
         if (
             f.kind in ("crash", "kill", "hang", "corrupt_checkpoint")
@@ -298,24 +299,23 @@ def check_schedule_fits(
     schedule: Schedule, job: Job, plan: PipelinePlan, groups: Groups | None, *, source: str
 ) -> None:
     """Raise MismatchError when `schedule` was made for another pipeline than `job`'s."""
-    sp = schedule.pipeline
-    want: dict[str, tuple[Any, Any]] = {
-        "schedule": (sp.schedule, plan.label),
-        "ranks": (sp.world_size, job.ranks),
-        "stages": (sp.n_stages, plan.n_stages),
-        "microbatches": (sp.n_microbatches, job.microbatches),
-        "stage-to-rank map": (list(sp.stage_to_rank), list(plan.stage_rank)),
-    }
-    if groups is not None:
-        want.update(
-            group_lists(schedule, [[g for g, _ in groups[s]] for s in range(plan.n_stages)])
+    shape = PipelineShape(
+        schedule=plan.label,
+        world_size=job.ranks,
+        n_stages=plan.n_stages,
+        n_microbatches=job.microbatches,
+        stage_to_rank=tuple(plan.stage_rank),
+        groups=None
+        if groups is None
+        else tuple(tuple(g for g, _ in groups[s]) for s in range(plan.n_stages)),
+    )
+    diff = pipeline_difference(schedule, shape)
+    if diff is not None:
+        what, a, b = diff
+        raise MismatchError(
+            f"schedule {source} does not fit job {job.name}: {what} is {short(a)} in the schedule but "
+            f"{short(b)} in the job; profile and solve this job (`freezeopt profile` → `freezeopt solve`)"
         )
-    for what, (a, b) in want.items():
-        if a != b:
-            raise MismatchError(
-                f"schedule {source} does not fit job {job.name}: {what} is {_short(a)} in the schedule but "
-                f"{_short(b)} in the job; profile and solve this job (`freezeopt profile` → `freezeopt solve`)"
-            )
 
 
 def format_train_report(report: TrainReport) -> str:
@@ -614,11 +614,6 @@ def _said(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "+".join(_said(x) for x in v)
     return str(v)
-
-
-def _short(v: Any) -> str:
-    s = str(v)
-    return s if len(s) <= 60 else s[:57] + "..."
 
 
 def _ms(v: float | None) -> str:

@@ -17,6 +17,7 @@ from freezeopt.errors import InputError
 from freezeopt.examples import builtin_job_path
 from freezeopt.examples.tiny_gpt import build_model, stdlib_bytes, stdlib_files
 from freezeopt.profiling.run import profile_job
+from freezeopt.torchpp.faults import RANK_FAULTS, parse_faults
 from freezeopt.torchpp.job import (
     Job,
     ModelParts,
@@ -27,7 +28,6 @@ from freezeopt.torchpp.job import (
     resolve_groups,
     resolve_model,
 )
-from freezeopt.torchpp.launch import parse_fault
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -207,12 +207,14 @@ def test_bad_csv_schedules(
 
 
 def test_fault_spec_parsing() -> None:
-    f = parse_fault("crash:rank=1,step=2")
+    """One vocabulary for profile's and train's injected faults; profile takes one rank fault."""
+    (f,) = parse_faults("crash:rank=1,step=2", kinds=RANK_FAULTS)
     assert (f.kind, f.rank, f.step) == ("crash", 1, 2)
-    assert parse_fault("hang: rank=0, step=3").kind == "hang"
-    with pytest.raises(InputError) as e:
-        parse_fault("explode:rank=1")
-    assert "crash:rank=1,step=2" in one_line(e)
+    assert parse_faults("hang: rank=0, step=3", kinds=RANK_FAULTS)[0].kind == "hang"
+    for text in ("explode:rank=1", "lr_spike:step=2", "crash:rank=1,step=2;kill:rank=0,step=1"):
+        with pytest.raises(InputError) as e:
+            profile_job(small(), out=Path("unused.json"), progress=False, fault=text)
+        assert "crash:rank=1,step=2" in one_line(e), text
     with pytest.raises(InputError) as e:
         profile_job(small(), out=Path("unused.json"), progress=False, fault="crash:rank=5,step=0")
     assert "rank 5" in one_line(e)

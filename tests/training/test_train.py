@@ -30,9 +30,9 @@ from freezeopt.formats.schedule import Drift, Phases
 from freezeopt.model.timelines import simulate_files
 from freezeopt.profiling.run import profile_job
 from freezeopt.solver import SolveOptions
+from freezeopt.torchpp.faults import damage_file
 from freezeopt.torchpp.job import Job, load_job, replace_job
 from freezeopt.torchpp.pipeline import plan_pipeline, preflight
-from freezeopt.training.faults import damage_file
 from freezeopt.training.options import CheckpointOptions, PhaseOverrides, TrainOptions
 from freezeopt.training.train import TrainReport, format_train_report, train_job
 

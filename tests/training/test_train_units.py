@@ -12,22 +12,22 @@ import torch
 from freezeopt.errors import InputError, MismatchError
 from freezeopt.model.dag import build_dag
 from freezeopt.model.timelines import load_action_log
+from freezeopt.torchpp.faults import Fault, parse_faults
 from freezeopt.training import checkpoint as ckpt
-from freezeopt.training.faults import TrainFault, parse_train_faults
 from tests.conftest import make_profile
 
 
 def test_faults_parse() -> None:
-    assert parse_train_faults("") == ()
-    got = parse_train_faults("lr_spike:step=12; slow:stage=1,ms=2.5,step=3;crash:rank=1,step=7")
+    assert parse_faults("") == ()
+    got = parse_faults("lr_spike:step=12; slow:stage=1,ms=2.5,step=3;crash:rank=1,step=7")
     assert got == (
-        TrainFault(kind="lr_spike", step=12, factor=100.0),
-        TrainFault(kind="slow", stage=1, ms=2.5, step=3),
-        TrainFault(kind="crash", rank=1, step=7),
+        Fault(kind="lr_spike", step=12, factor=100.0),
+        Fault(kind="slow", stage=1, ms=2.5, step=3),
+        Fault(kind="crash", rank=1, step=7),
     )
-    assert parse_train_faults("corrupt_batch:step=4")[0].kind == "corrupt_batch"
-    assert parse_train_faults("corrupt_batch:step=4,steps=3")[0].steps == 3
-    assert parse_train_faults("lr_spike:step=1,factor=1000")[0].factor == 1000.0
+    assert parse_faults("corrupt_batch:step=4")[0].kind == "corrupt_batch"
+    assert parse_faults("corrupt_batch:step=4,steps=3")[0].steps == 3
+    assert parse_faults("lr_spike:step=1,factor=1000")[0].factor == 1000.0
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def test_faults_parse() -> None:
 )
 def test_bad_faults(text: str, why: str) -> None:
     with pytest.raises(InputError, match=why) as e:
-        parse_train_faults(text)
+        parse_faults(text)
     assert "\n" not in str(e.value)
 
 

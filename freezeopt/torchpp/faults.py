@@ -1,9 +1,11 @@
-"""Test-only faults for `freezeopt train`: the drifts and failures its tests inject into a real run.
+"""Test-only faults: the drifts and failures tests inject into a real run of `freezeopt profile`
+or `freezeopt train`, in one vocabulary for both.
 
 Why a module of its own: the drift rules, the fallback and the rollback can only be proven on a run
 that really drifts, and crash handling and resumption only on one that really fails; these are
-the ways a test makes that happen. They are never on by default: `train_job(fault=...)` or the
-hidden `--fault` option of `freezeopt train`, several separated by `;`:
+the ways a test makes that happen. They are never on by default: `TrainOptions(fault=...)` or the
+hidden `--fault` option of `freezeopt train` (`profile_job(fault=...)` or `FREEZEOPT_FAULT` for
+`freezeopt profile`, which takes the rank faults alone), several separated by `;`:
 
 * `lr_spike:step=K[,factor=F]` multiplies the learning rate by F (default 100) for step K;
 * `corrupt_batch:step=K[,steps=N]` replaces the batches of N steps (default 1) from step K on with
@@ -13,8 +15,8 @@ hidden `--fault` option of `freezeopt train`, several separated by `;`:
 * `nan_loss:step=K` makes the loss of step K NaN (every microbatch; the update is skipped);
 * `corrupt_checkpoint:step=K[,rank=R]` flips one byte of rank R's file (default 0) in the newest
   checkpoint at the start of step K, as a failing disk would;
-* `crash:rank=R,step=K`, `kill:…` and `hang:…` as in `freezeopt profile` (rank R raises, dies of
-  SIGKILL or blocks forever in its first forward of step K);
+* `crash:rank=R,step=K`, `kill:…` and `hang:…` (`RANK_FAULTS`): rank R raises, dies of SIGKILL
+  or blocks forever in its first forward of step K;
 * `slow_replan:ms=X` makes the solver process wait X ms before each re-plan (a re-plan still
   solving when the run ends).
 """
@@ -27,7 +29,7 @@ from typing import Any, Literal
 
 from freezeopt.errors import InputError
 
-__all__ = ["TrainFault", "corrupt", "damage_file", "parse_train_faults"]
+__all__ = ["RANK_FAULTS", "Fault", "FaultKind", "corrupt", "damage_file", "parse_faults"]
 
 FaultKind = Literal[
     "lr_spike",
@@ -43,7 +45,7 @@ FaultKind = Literal[
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TrainFault:
+class Fault:
     """A test-only injected fault (see the module docstring)."""
 
     kind: FaultKind
@@ -68,15 +70,21 @@ _FAULT_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind → (required, o
     "slow_replan": ({"ms"}, set()),
 }
 _FAULT_RE = re.compile(r"^([a-z_]+):(.*)$")
+RANK_FAULTS: tuple[FaultKind, ...] = ("crash", "kill", "hang")
+"""The faults a rank process suffers (the ones `freezeopt profile` takes)."""
+TRAIN_HINT = "write e.g. lr_spike:step=12,factor=100 or corrupt_batch:step=12 or slow:stage=1,ms=20"
 
 
-def parse_train_faults(text: str) -> tuple[TrainFault, ...]:
-    """Parse `lr_spike:step=12;slow:stage=1,ms=20,step=5` (faults separated by `;`)."""
-    out: list[TrainFault] = []
-    hint = "write e.g. lr_spike:step=12,factor=100 or corrupt_batch:step=12 or slow:stage=1,ms=20"
+def parse_faults(
+    text: str, *, kinds: tuple[FaultKind, ...] | None = None, hint: str = TRAIN_HINT
+) -> tuple[Fault, ...]:
+    """Parse `lr_spike:step=12;slow:stage=1,ms=20,step=5` (faults separated by `;`), of `kinds`
+    only where given; `hint` ends each error."""
+    out: list[Fault] = []
+    allowed = kinds if kinds is not None else tuple(_FAULT_FIELDS)
     for part in filter(None, (p.strip() for p in text.replace(" ", "").split(";"))):
         m = _FAULT_RE.match(part)
-        if m is None or m.group(1) not in _FAULT_FIELDS:
+        if m is None or m.group(1) not in allowed:
             raise InputError(f"fault {part!r} is malformed; {hint}")
         kind, body = m.group(1), m.group(2)
         values: dict[str, float] = {}
@@ -98,7 +106,7 @@ def parse_train_faults(text: str) -> tuple[TrainFault, ...]:
         if any(v < 0 for v in ints.values()) or values.get("ms", 0) < 0:
             raise InputError(f"fault {part!r}: values must not be negative")
         out.append(
-            TrainFault(
+            Fault(
                 kind=kind,  # type: ignore[arg-type]
                 factor=values.get("factor", 100.0),
                 ms=values.get("ms", 0.0),
