@@ -33,7 +33,7 @@ demo: install
 	$(BIN)/freezeopt profile tiny-gpt -o out/tiny-gpt.json
 	$(BIN)/freezeopt solve out/tiny-gpt.json --budget 0.1 -o out/tiny-gpt.yaml
 	$(BIN)/freezeopt validate out/tiny-gpt.yaml --profile out/tiny-gpt.json
-	$(BIN)/freezeopt train tiny-gpt --schedule out/tiny-gpt.yaml --steps 60 --warmup-steps 12 \
+	$(BIN)/freezeopt train tiny-gpt --schedule out/tiny-gpt.yaml --steps 60 --warmup-steps 12 --overwrite \
 		--full-update-every 3 --out-dir out/train
 	$(BIN)/freezeopt simulate out/tiny-gpt.yaml --profile out/tiny-gpt.json \
 		--measured out/train/actions.json --gantt out/tiny-gpt.png

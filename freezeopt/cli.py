@@ -23,7 +23,7 @@ import typer
 from freezeopt import __version__
 from freezeopt.errors import EXIT_CODES, FreezeoptError
 
-__all__ = ["app", "main"]
+__all__ = ["FLAGS", "app", "main", "one_line"]
 
 app = typer.Typer(
     name="freezeopt",
@@ -81,6 +81,8 @@ FLAGS = {
     "stop_at_val_loss": "stop_at_val_loss",
     "stop_from": "stop_from",
     "checkpoints.resume": "--resume",
+    "overwrite": "--overwrite",
+    "out_dir": "--out-dir",
     "checkpoints.keep": "--keep-checkpoints",
     "checkpoints.every": "--checkpoint-every",
     "replan.profile": "--profile",
@@ -111,6 +113,11 @@ FLAGS = {
 (two have no flag: they are library options only)."""
 
 
+def one_line(text: str) -> str:
+    """A message on one line, whatever a path or a field in it holds (newlines shown as \\n)."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _friendly(fn: F) -> F:
     """Turn FreezeoptError into one stderr line (options named by their flags) and its exit code."""
 
@@ -119,7 +126,7 @@ def _friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except FreezeoptError as e:
-            typer.echo(f"error: {e.said(FLAGS)}", err=True)
+            typer.echo(f"error: {one_line(e.said(FLAGS))}", err=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             typer.echo(INTERRUPTED, err=True)
@@ -228,6 +235,14 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the last checkpoint in the run folder.")
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace an earlier run in the run folder (without it, or --resume, a folder "
+            "holding one is refused: nothing is deleted).",
+        ),
+    ] = False,
     rollback: Annotated[
         bool, typer.Option("--rollback", help="On drift, also restore the last checkpoint.")
     ] = False,
@@ -327,6 +342,7 @@ def train(
         ),
         rescale=not no_rescale,
         val_every=val_every,
+        overwrite=overwrite,
         progress=not no_progress,
         fault=fault,
     )
@@ -593,7 +609,7 @@ def simulate(
 
     rep = simulate_files(schedule, profile, gantt=gantt, measured=measured)
     for w in rep.warnings:
-        typer.echo(f"warning: {w}", err=True)
+        typer.echo(f"warning: {one_line(w)}", err=True)
     if as_json:
         _print_json(simulate_summary(rep, gantt))
     else:
@@ -617,7 +633,7 @@ def validate(
 
     sched, warnings = validate_files(schedule, profile)
     for w in warnings:
-        typer.echo(f"warning: {w}", err=True)
+        typer.echo(f"warning: {one_line(w)}", err=True)
     fit = f", fits {profile}" if profile else ""
     typer.echo(f"ok: {schedule} (schema v{sched.schema_version}, {sched.pipeline.schedule}{fit})")
 
@@ -682,7 +698,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             ctx = getattr(e, "ctx", None)
             see = f" (see {ctx.command_path} -h)" if ctx is not None else ""
-            typer.echo(f"error: {message()}{see}", err=True)
+            typer.echo(f"error: {one_line(message())}{see}", err=True)
         sys.exit(exit_code)
     except typer.Abort:
         typer.echo(INTERRUPTED, err=True)

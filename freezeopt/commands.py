@@ -7,9 +7,11 @@ Each function here is what one CLI command calls (`synth`, `solve`, `validate`; 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from freezeopt.errors import InputError
 from freezeopt.fileio import check_output_file
 from freezeopt.formats.profile import Profile, load_profile, profile_sha256, save_profile
 from freezeopt.formats.schedule import (
@@ -24,6 +26,7 @@ from freezeopt.model.dag import build_dag
 from freezeopt.model.sensitivity import estimate_signal
 from freezeopt.profiling.synth import SynthOptions, synth_profile
 from freezeopt.solver import SolveOptions, SolveResult, load_kernels, schedule_from_result, solve
+from freezeopt.solver.pulp_run import model_paths
 
 if TYPE_CHECKING:
     pass
@@ -54,7 +57,10 @@ def solve_file(
     if out is not None:
         check_output_file(out, "-o", inputs=(Path(profile_path),))
     if opts.write_model is not None:
-        check_output_file(opts.write_model, "--write-model", inputs=(Path(profile_path),))
+        for p in model_paths(opts.write_model):  # phase 1's file and phase 2's beside it
+            check_output_file(p, "--write-model", inputs=(Path(profile_path),))
+            if out is not None and os.path.realpath(p) == os.path.realpath(out):
+                raise InputError(f"--write-model {p} is the schedule file (-o); name another file")
     profile = load_profile(profile_path)
     dag = build_dag(profile)
     if opts.mode == "heuristic" or opts.fallback == "heuristic":

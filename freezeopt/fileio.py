@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from freezeopt.errors import FreezeoptError, InputError
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
+    "atomic_write_with",
     "check_output_file",
     "check_output_folder",
     "give_usual_mode",
@@ -35,19 +37,34 @@ __all__ = [
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and a rename."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    atomic_write_with(path, write)
+
+
+def atomic_write_with(path: Path, write: Callable[[Path], None]) -> None:
+    """Have `write` write the file at a temporary path in `path`'s folder (with `path`'s suffix,
+    for writers that choose a format by it), then rename it onto `path`: a reader, or a failure
+    half-way, sees the old file or the new one, never half of either. Every file freezeopt writes
+    goes through here."""
     path = Path(path)
     if os.path.isdir(path):  # os.path's tests never raise (Path's do on a folder it may not read)
         raise InputError(f"cannot write {path}: it is a folder; name a file")
+    _refuse_special(path, "cannot write")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, name = tempfile.mkstemp(prefix=".fo.", suffix=f".tmp{path.suffix}", dir=path.parent)
+        os.close(fd)
     except OSError as e:
         raise FreezeoptError(f"cannot write {path}: {e.strerror or e}") from None
+    tmp = Path(name)
     existed = os.path.lexists(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        write(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         give_usual_mode(tmp, path)
         os.replace(tmp, path)
@@ -56,6 +73,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         kept = "; the previous file is unchanged" if existed else ""
         raise FreezeoptError(f"cannot write {path}: {e.strerror or e}{kept}") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _refuse_special(path: Path, label: str) -> None:
+    """A device, FIFO or socket is never replaced by a regular file (`-o /dev/stdout` as root
+    would replace the link in /dev)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise InputError(f"{label} {path}: it is not a regular file (a device, FIFO or socket)")
 
 
 def check_output_file(path: Path, what: str, *, inputs: tuple[Path, ...] = ()) -> None:
@@ -65,6 +97,9 @@ def check_output_file(path: Path, what: str, *, inputs: tuple[Path, ...] = ()) -
     path = Path(path)
     if os.path.isdir(path):
         raise InputError(f"{what} {str(path)!r} is a folder; name a file")
+    _refuse_special(path, what)
+    if len(os.fsencode(path.name)) > 255 - 12:  # the temporary name adds ".fo." and ".tmp" + 8
+        raise InputError(f"{what} {path}: the file name is too long (at most 243 bytes)")
     for src in inputs:
         if os.path.lexists(src) and os.path.realpath(src) == os.path.realpath(path):
             raise InputError(f"{what} {path} is an input of this command; write to another file")
@@ -181,15 +216,30 @@ def read_text_file(
     path: Path, *, what: str, limit: int, missing_hint: str, empty_hint: str | None = None
 ) -> str:
     """Read a UTF-8 text file of at most `limit` bytes; every failure is one InputError line
-    (an empty file's says `empty_hint`, or `missing_hint`)."""
+    (an empty file's says `empty_hint`, or `missing_hint`). Only a regular file is read (a device
+    such as /dev/zero reports size 0 and never ends; a FIFO blocks until someone writes), and never
+    more than `limit` bytes of it, whatever its size said."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        if size > limit:
+        st = p.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(p)
+        if not stat.S_ISREG(st.st_mode):
             raise InputError(
-                f"{what} {p} is too large ({size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB)"
+                f"{what} {p} is not a regular file (a device, FIFO or socket); pass a file"
             )
-        text = p.read_text(encoding="utf-8")
+        if st.st_size > limit:
+            raise InputError(
+                f"{what} {p} is too large ({st.st_size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB)"
+            )
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # no wait, should it have become a FIFO
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise InputError(f"{what} {p} is not a regular file; pass a file")
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise InputError(f"{what} {p} is too large (over {limit / 2**20:.0f} MiB, the limit)")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise InputError(f"{what} {p} not found; {missing_hint}") from None
     except IsADirectoryError:
@@ -207,11 +257,22 @@ def load_json_file(path: Path, *, what: str, limit: int, missing_hint: str) -> A
     """Read and decode a JSON file (no NaN/Infinity, bounded size and nesting)."""
     text = read_text_file(path, what=what, limit=limit, missing_hint=missing_hint)
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise InputError(f"{path}: JSON nested too deeply") from None
     except ValueError as e:  # JSONDecodeError and the rejected constants
         raise InputError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
+    return data
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (`json` itself keeps the last silently)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} is given twice; keep one")
+        out[k] = v
+    return out
 
 
 def load_yaml_file(
@@ -238,7 +299,35 @@ def load_yaml_file(
         raise InputError(f"{path}: not valid YAML ({first})") from None
     if data is None:  # nothing but comments
         raise InputError(f"{what} {path} is empty; {empty_hint or missing_hint}")
+    if not _within(data, MAX_YAML_NODES):
+        raise InputError(
+            f"{path}: its aliases expand to more than {MAX_YAML_NODES:,} values; write the data "
+            "out without anchors (*name) that repeat whole blocks"
+        )
     return data
+
+
+MAX_YAML_NODES = 2_000_000
+"""The most values a YAML file may hold once its aliases are expanded: a 1.6 KB file of nested
+aliases (`a: &a [x, x, …]`, `b: &b [*a, *a, …]`, …) holds billions, and whatever walks it next
+(validation, hashing) would hang."""
+
+
+def _within(data: Any, limit: int) -> bool:
+    """Whether `data`, every alias expanded, holds at most `limit` values (the walk stops there)."""
+    seen = 0
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        seen += 1
+        if seen > limit:
+            return False
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list | tuple):
+            stack.extend(x)
+    return True
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -247,7 +336,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
-        for key_node, _ in node.value:
+        own = [(k, v) for k, v in node.value if k.tag != "tag:yaml.org,2002:merge"]
+        self.flatten_mapping(node)  # merge keys (`<<: *defaults`): the node's own keys win
+        for key_node, _ in own:
             key = self.construct_object(key_node, deep=deep)
             try:
                 if key in seen:

@@ -197,7 +197,11 @@ def test_full_disk_leaves_the_previous_file(
     elif where == "replace":
         monkeypatch.setattr(os, "replace", enospc)
     else:
-        real_fdopen = os.fdopen
+        import builtins
+
+        import freezeopt.fileio as fileio
+
+        real_open = builtins.open
 
         class Full:
             def __init__(self, f):  # type: ignore[no-untyped-def]
@@ -212,7 +216,12 @@ def test_full_disk_leaves_the_previous_file(
             def write(self, data):  # type: ignore[no-untyped-def]
                 enospc()
 
-        monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
+        def opener(f, mode="r", *a, **k):  # type: ignore[no-untyped-def]
+            return (
+                Full(real_open(f, mode, *a, **k)) if mode == "wb" else real_open(f, mode, *a, **k)
+            )
+
+        monkeypatch.setattr(fileio, "open", opener, raising=False)  # fileio's writes only
     with pytest.raises(Exception, match="No space left on device; the previous file is unchanged"):
         atomic_write_text(target, "new\n")
     assert target.read_text() == "previous\n"

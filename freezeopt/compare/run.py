@@ -244,6 +244,7 @@ def compare_job(
             phases=PhaseOverrides(warmup_steps=opts.warmup_steps, full_update_every=0),
             checkpoints=CheckpointOptions(keep=1),
             val_every=opts.val_every,
+            overwrite=True,  # a comparison written again replaces its own runs
             progress=progress,
             stop_at_val_loss=None if steps == n else target,
             stop_from=n,

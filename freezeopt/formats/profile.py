@@ -392,7 +392,7 @@ def parse_profile(data: Any, *, source: str = "profile") -> Profile:
             f"{source}: not a freezeopt profile (no schema_version; `freezeopt profile` and "
             "`freezeopt synth` write one)"
         )
-    if version != PROFILE_VERSION:
+    if type(version) is not int or version != PROFILE_VERSION:  # `true` is no version 1
         raise InputError(
             f"{source}: profile schema_version {version!r} is not supported; this freezeopt reads "
             f"version {PROFILE_VERSION} (re-run `freezeopt profile` or `freezeopt synth`)"

@@ -316,7 +316,8 @@ def parse_schedule(data: Any, *, source: str = "schedule") -> Schedule:
         raise InputError(
             f"{source}: not a freezeopt schedule (no schema_version; `freezeopt solve` writes one)"
         )
-    if data.get("schema_version") != SCHEDULE_VERSION:
+    version = data.get("schema_version")
+    if type(version) is not int or version != SCHEDULE_VERSION:  # `true` is no version 1
         raise InputError(
             f"{source}: schedule schema_version {data.get('schema_version')!r} is not supported; this freezeopt "
             f"reads version {SCHEDULE_VERSION} (re-run `freezeopt solve`)"

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from freezeopt.actions import Action, parse_action
 from freezeopt.errors import InputError, MismatchError
-from freezeopt.fileio import check_output_file
+from freezeopt.fileio import check_output_file, read_text_file
 from freezeopt.formats.profile import load_profile, profile_sha256
 from freezeopt.formats.schedule import check_fits, load_schedule
 from freezeopt.model.dag import PipelineDag, build_dag, schedule_plan
@@ -24,6 +25,9 @@ from freezeopt.model.simulate import Timeline, simulate
 
 if TYPE_CHECKING:
     from freezeopt.model.plot import GanttPanel
+
+ACTION_LOG_MAX_BYTES = 64 * 2**20
+"""An action log holds a few steps' timelines: far below this."""
 
 __all__ = [
     "MeasuredStep",
@@ -63,16 +67,18 @@ class MeasuredStep:
 
 def load_action_log(path: Path, dag: PipelineDag, *, schedule: str) -> tuple[MeasuredStep, ...]:
     """Read a training run's `actions.json`; raise when it is from another pipeline than `dag`'s."""
+    if os.path.isdir(path):
+        raise InputError(f"action log {path} is a folder; pass RUN_DIR/actions.json")
+    text = read_text_file(
+        Path(path),
+        what="action log",
+        limit=ACTION_LOG_MAX_BYTES,
+        missing_hint="`freezeopt train` writes it as RUN_DIR/actions.json",
+    )
     try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(
-            f"action log {path} not found; `freezeopt train` writes it as RUN_DIR/actions.json"
-        ) from None
-    except IsADirectoryError:
-        raise InputError(f"action log {path} is a folder; pass RUN_DIR/actions.json") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"cannot read action log {path}: {e}") from None
+        data = json.loads(text)
+    except (RecursionError, ValueError) as e:
+        raise InputError(f"cannot read action log {path}: {str(e)[:200]}") from None
     if not isinstance(data, dict) or data.get("format") != "freezeopt-actions":
         raise InputError(
             f"{path} is not a freezeopt action log (RUN_DIR/actions.json of `freezeopt train`)"

@@ -29,7 +29,10 @@ from pathlib import Path
 from freezeopt import __version__
 from freezeopt.actions import Action, parse_action
 from freezeopt.errors import InputError, option
+from freezeopt.fileio import read_text_file
 from freezeopt.formats.profile import (
+    MAX_MICROBATCHES,
+    MAX_RANKS,
     ActionCost,
     GradientTrace,
     GroupProfile,
@@ -41,8 +44,15 @@ from freezeopt.formats.profile import (
     StageProfile,
     Stat,
 )
+from freezeopt.torchpp.adapter import CSV_MAX_BYTES
 
 __all__ = ["SynthOptions", "check_csv_counts", "load_csv_schedule", "synth_profile"]
+
+MAX_GROUPS = 1024
+MAX_TRACE_STEPS = 1024
+MAX_SYNTH_VALUES = 2**28
+"""Bounds checked before anything is allocated: the largest profile the solver benchmarks use
+(64 stages × 256 microbatches × 8 groups × 4 trace steps) holds 2^19 values."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,12 +85,10 @@ class SynthOptions:
 def load_csv_schedule(path: str | Path) -> tuple[tuple[Action, ...], ...]:
     """Per-rank compute actions from a CSV file in torch's format (one row per rank)."""
     p = Path(path)
-    try:
-        rows = list(csv.reader(p.read_text().splitlines()))
-    except FileNotFoundError:
-        raise InputError(f"schedule CSV {p} not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read schedule CSV {p}: {e}") from None
+    text = read_text_file(
+        p, what="schedule CSV", limit=CSV_MAX_BYTES, missing_hint="check the path"
+    )
+    rows = list(csv.reader(text.splitlines()))
     out = []
     for i, row in enumerate(rows):
         acts = []
@@ -288,4 +296,22 @@ def _check(o: SynthOptions) -> None:
     if o.last_stage_factor <= 0 or o.lag_ms < 0 or o.trace_steps < 0:
         raise InputError(
             f"{option('last_stage_factor')} must be positive, {option('lag_ms')} and {option('trace_steps')} non-negative"
+        )
+    for k, most in (
+        ("ranks", MAX_RANKS),
+        ("stages_per_rank", MAX_RANKS),
+        ("microbatches", MAX_MICROBATCHES),
+        ("groups", MAX_GROUPS),
+        ("trace_steps", MAX_TRACE_STEPS),
+    ):
+        v = getattr(o, k)
+        if v is not None and v > most:
+            raise InputError(f"{option(k)} must be at most {most:,} (got {v:,})")
+    stages = o.ranks * (o.stages_per_rank or 2)
+    size = stages * o.microbatches * max(1, o.groups) * max(1, o.trace_steps)
+    if size > MAX_SYNTH_VALUES:
+        raise InputError(
+            f"{option('ranks')} × stages × {option('microbatches')} × {option('groups')} × "
+            f"{option('trace_steps')} is {size:,}: over the {MAX_SYNTH_VALUES:,} values a "
+            "synthetic profile may hold; make it smaller"
         )

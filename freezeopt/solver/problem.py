@@ -49,6 +49,8 @@ __all__ = [
     "pwl",
 ]
 
+MAX_THREADS = 1024
+"""Solver threads at most (HiGHS and CBC allocate per thread before they look at the count)."""
 Mode = Literal["milp", "lp", "heuristic"]
 SolverName = Literal["cbc", "highs"]
 MODES: tuple[Mode, ...] = ("milp", "lp", "heuristic")
@@ -105,8 +107,10 @@ class SolveOptions:
             )
         if not (0 <= self.gap < 1):
             raise InputError(f"{option('gap')} must be in [0, 1) (got {self.gap})")
-        if self.threads < 1:
-            raise InputError(f"{option('threads')} must be at least 1 (got {self.threads})")
+        if not 1 <= self.threads <= MAX_THREADS:
+            raise InputError(
+                f"{option('threads')} must be between 1 and {MAX_THREADS} (got {self.threads})"
+            )
         if self.fallback not in ("none", "heuristic"):
             raise InputError(f"unknown fallback {self.fallback!r}; use none or heuristic")
         if self.mode not in MODES:

@@ -21,13 +21,21 @@ from typing import TYPE_CHECKING
 
 import pulp
 
-from freezeopt.errors import InputError, SolverError
-from freezeopt.fileio import stdout_to_stderr
+from freezeopt.errors import SolverError
+from freezeopt.fileio import atomic_write_with, stdout_to_stderr
 
 if TYPE_CHECKING:
     from freezeopt.solver.problem import SolveOptions
 
-__all__ = ["CBC_STOP", "CbcWatchdog", "highs_status", "pulp_solver", "run_pulp", "write_pulp_model"]
+__all__ = [
+    "CBC_STOP",
+    "CbcWatchdog",
+    "highs_status",
+    "model_paths",
+    "pulp_solver",
+    "run_pulp",
+    "write_pulp_model",
+]
 
 
 def highs_status(h: object) -> str:
@@ -42,20 +50,25 @@ def highs_status(h: object) -> str:
     return "time_limit" if feasible else "no_solution"
 
 
+def model_paths(path: Path) -> tuple[Path, Path]:
+    """Where `--write-model PATH` writes phase 1 and phase 2 (`NAME.phase2.lp` beside it)."""
+    p = Path(path)
+    return p, p.with_name(f"{p.stem}.phase2{p.suffix or '.lp'}")
+
+
 def write_pulp_model(prob: pulp.LpProblem, path: Path | None, *, phase: int) -> None:
+    """Write a phase's model atomically (`.mps` by its suffix, else LP format)."""
     if path is None:
         return
-    p = Path(path)
-    if phase == 2:
-        p = p.with_name(f"{p.stem}.phase2{p.suffix or '.lp'}")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
+    p = model_paths(path)[phase - 1]
+
+    def write(tmp: Path) -> None:
         if p.suffix.lower() == ".mps":
-            prob.writeMPS(str(p))
+            prob.writeMPS(str(tmp))
         else:
-            prob.writeLP(str(p))
-    except OSError as e:
-        raise InputError(f"cannot write the model to {p}: {e.strerror or e}") from None
+            prob.writeLP(str(tmp))
+
+    atomic_write_with(p, write)
 
 
 CBC_STOP = (0.25, 0.1)

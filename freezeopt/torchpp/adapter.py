@@ -22,13 +22,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
 from freezeopt.actions import Action, Kind
 from freezeopt.errors import InputError
+from freezeopt.fileio import read_text_file
 
 __all__ = [
+    "CSV_MAX_BYTES",
     "SCHEDULE_NAMES",
     "V_SCHEDULES",
     "default_stages_per_rank",
@@ -48,6 +51,8 @@ SCHEDULE_NAMES: tuple[str, ...] = (
     "DualPipeV",
 )
 V_SCHEDULES = frozenset({"ZBVZeroBubble", "DualPipeV"})
+CSV_MAX_BYTES = 16 * 2**20
+"""A schedule CSV lists each rank's actions once: 64 ranks × 256 microbatches is under 1 MiB."""
 _SINGLE = frozenset({"GPipe", "1F1B"})
 
 
@@ -220,15 +225,13 @@ def csv_schedule_actions(
     from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _validate_schedule
     from torch.distributed.pipelining.schedules import _ComputationType as C
 
-    try:
-        with open(path, newline="") as f:
-            rows = [[c.strip() for c in row if c.strip()] for row in csv.reader(f)]
-    except FileNotFoundError:
-        raise InputError(
-            f"schedule CSV {path} not found; give a path relative to the job file"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read schedule CSV {path}: {e}") from None
+    text = read_text_file(
+        Path(path),
+        what="schedule CSV",
+        limit=CSV_MAX_BYTES,
+        missing_hint="give a path relative to the job file",
+    )
+    rows = [[c.strip() for c in row if c.strip()] for row in csv.reader(text.splitlines())]
     if len(rows) != world_size:
         raise InputError(
             f"schedule CSV {path} has {len(rows)} rows but the job has {world_size} ranks; write one row per rank"

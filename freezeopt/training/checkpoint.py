@@ -12,7 +12,13 @@ or the new one, never half of either; `keep` bounds how many complete checkpoint
 Atomic writes do not protect a file after it is written (a bad disk, a copy cut short, a stray
 edit), so `meta.json` also records the SHA-256 of every rank's file, hashed from disk after the
 rename. `good_checkpoints` checks them and a resume or a rollback takes the newest checkpoint whose
-files all match, naming the ones it skipped.
+files all match, naming the ones it skipped; a resume also reads each file of the one it takes
+(`unreadable`) and falls back past one that does not load.
+
+What is trusted: a checksum proves a file is the one written, not who wrote it (anyone who can
+write the run folder can recompute it), so rank files are read weights-only (tensors and plain
+data; torch refuses anything else), never by unpickling arbitrary objects, and `meta.json` is
+plain JSON. Reading a checkpoint never runs code from it.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from freezeopt.errors import FreezeoptError, InputError, MismatchError, short
-from freezeopt.fileio import atomic_write_text, give_usual_mode
+from freezeopt.fileio import atomic_write_text, give_usual_mode, read_text_file
 
 __all__ = [
     "Checkpoint",
@@ -39,7 +45,9 @@ __all__ = [
     "latest_checkpoint",
     "load_rank_state",
     "prune_checkpoints",
+    "resume_candidates",
     "save_rank_state",
+    "unreadable",
     "verify_rank_file",
     "write_meta",
 ]
@@ -106,7 +114,8 @@ def file_sha256(path: Path) -> str:
 
 def verify_rank_file(ckpt: Checkpoint, rank: int) -> str | None:
     """None when rank `rank`'s file of `ckpt` matches the checksum in its meta.json, else why not."""
-    want = (ckpt.meta.get("sha256") or {}).get(str(rank)) if isinstance(ckpt.meta, dict) else None
+    sums = ckpt.meta.get("sha256")
+    want = sums.get(str(rank)) if isinstance(sums, dict) else None
     f = ckpt.path / f"rank{rank}.pt"
     if not isinstance(want, str):
         return f"{ckpt.path / META} records no checksum for rank {rank}"
@@ -135,6 +144,17 @@ def good_checkpoints(
     return good, bad
 
 
+def resume_candidates(
+    root: Path, ranks: range | list[int]
+) -> tuple[list[Checkpoint], list[tuple[Checkpoint, str]]]:
+    """`good_checkpoints`, less the newest ones whose files match their checksums but do not
+    load (each added to the bad ones with why): a resume takes the last good one."""
+    good, bad = good_checkpoints(root, ranks)
+    while good and (why := unreadable(good[-1], ranks)) is not None:
+        bad.append((good.pop(), why))
+    return good, bad
+
+
 def write_meta(root: Path, step: int, meta: dict[str, Any], digests: dict[int, str]) -> Path:
     """Mark the checkpoint before `step` complete (call after every rank saved its state), with
     each rank's file checksum (`digests`: rank → SHA-256 from `save_rank_state`)."""
@@ -151,16 +171,36 @@ def load_rank_state(path: Path, rank: int) -> dict[str, Any]:
     f = Path(path) / f"rank{rank}.pt"
     try:
         with open(f, "rb") as fh:
-            state: dict[str, Any] = torch.load(fh, map_location="cpu", weights_only=False)
+            state = torch.load(fh, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise InputError(
             f"checkpoint {path} has no state for rank {rank}; it was written by a job with fewer ranks"
         ) from None
-    except (OSError, RuntimeError, EOFError) as e:
+    except Exception as e:  # torch raises many kinds for a damaged or hostile file
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise InputError(
-            f"cannot read checkpoint {f}: {e}; delete the folder to resume from an older one"
+            f"cannot read checkpoint {f} ({first}); delete the folder to resume from an older one"
         ) from None
+    if not isinstance(state, dict):
+        raise InputError(f"checkpoint {f} holds no rank state; delete the folder")
     return state
+
+
+def unreadable(ckpt: Checkpoint, ranks: range | list[int]) -> str | None:
+    """None when every rank's file of `ckpt` loads weights-only, else why the first does not
+    (memory-mapped: nothing is copied into memory)."""
+    import torch
+
+    for r in ranks:
+        f = ckpt.path / f"rank{r}.pt"
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # torch raises many kinds for a damaged or hostile file
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return f"{f} does not load weights-only ({first[:200]})"
+        if not isinstance(state, dict):
+            return f"{f} holds no rank state"
+    return None
 
 
 def find_checkpoints(root: Path) -> list[Checkpoint]:
@@ -173,11 +213,12 @@ def find_checkpoints(root: Path) -> list[Checkpoint]:
         if not (d.is_dir() and d.name.startswith(_PREFIX) and d.name[len(_PREFIX) :].isdigit()):
             continue
         try:
-            meta = json.loads((d / META).read_text())
-        except (OSError, ValueError):
-            continue  # incomplete: a crash while saving
+            text = read_text_file(d / META, what="checkpoint", limit=2**20, missing_hint="")
+            meta = json.loads(text)
+        except (InputError, RecursionError, ValueError):
+            continue  # incomplete (a crash while saving), or not a meta.json freezeopt wrote
         if not isinstance(meta, dict):
-            continue
+            continue  # not freezeopt's: a meta.json that is no JSON object is not a checkpoint
         out.append(Checkpoint(path=d, step=int(d.name[len(_PREFIX) :]), meta=meta))
     return out
 

@@ -109,6 +109,9 @@ class TrainOptions:
     """End the run at the first validation from `stop_from` on once a validation loss of the run
     is at most this (an `early_stop` event; None: run all `steps`)."""
     stop_from: int = 0
+    overwrite: bool = False
+    """Replace an earlier run's files in `out_dir` (without it, a run folder that holds an earlier
+    run is refused unless `checkpoints.resume` continues it: nothing is deleted by default)."""
     progress: bool = True
     """A progress bar on stderr."""
     fault: str | None = None
@@ -128,6 +131,11 @@ class TrainOptions:
             raise InputError(
                 f"{option('stop_at_val_loss')} must be finite and {option('stop_from')} within "
                 "0..steps"
+            )
+        if self.overwrite and self.checkpoints.resume:
+            raise InputError(
+                f"{option('overwrite')} and {option('checkpoints.resume')} contradict each other; "
+                "pass one"
             )
         if self.schedule is None and self.phases.given:
             raise InputError(

@@ -226,7 +226,7 @@ def train_job(
     start, resume_from = 0, None
     if ck.resume:
         skipped: list[dict[str, str]] = []
-        good, corrupt = ckpt.good_checkpoints(out / "checkpoints", range(job.ranks))
+        good, corrupt = ckpt.resume_candidates(out / "checkpoints", range(job.ranks))
         newest_good = good[-1].step if good else -1
         for c, why in corrupt:
             if c.step > newest_good:
@@ -247,13 +247,21 @@ def train_job(
                 f"{last.step} to train further"
             )
         start, resume_from = last.step, str(last.path)
-    elif (not in_torchrun() or int(os.environ["RANK"]) == 0) and _clear_run(out):
-        warnings.append(
-            RunWarning(
-                f"replaced the earlier run in {out}, its checkpoints too (--resume continues a run)",
-                "replaced_run",
+    else:
+        earlier = _earlier_run(out)
+        if earlier and not opts.overwrite:
+            raise InputError(
+                f"{out} holds an earlier run ({', '.join(earlier)}); pass "
+                f"{option('checkpoints.resume')} to continue it, {option('overwrite')} to replace "
+                f"it, or another {option('out_dir')}"
             )
-        )
+        if (not in_torchrun() or int(os.environ["RANK"]) == 0) and _clear_run(out):
+            warnings.append(
+                RunWarning(
+                    f"replaced the earlier run in {out}, its checkpoints too (--overwrite)",
+                    "replaced_run",
+                )
+            )
     spec = TrainSpec(
         job=job,
         plan=plan,
@@ -423,6 +431,11 @@ def _resumable(root: Path) -> str:
     if ckpt.latest_checkpoint(root) is not None:
         return "the run can continue from its last checkpoint with --resume"
     return "it had written no checkpoint yet, so run it again without --resume"
+
+
+def _earlier_run(out: Path) -> list[str]:
+    """The files and folders of an earlier run in `out` (none: nothing would be lost)."""
+    return [n for n in (*_RUN_FILES, *_RUN_DIRS) if os.path.lexists(out / n)]
 
 
 def _clear_run(out: Path) -> bool:
