@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "EXIT_CODES",
+    "DivergedError",
     "FreezeoptError",
     "InputError",
     "LpUnsolved",
@@ -90,6 +91,12 @@ class RankFailedError(FreezeoptError):
         self.cause = cause
 
 
+class DivergedError(FreezeoptError):
+    """A training run ended with a non-finite loss: it never recovered (its files are written)."""
+
+    exit_code = 6
+
+
 class StoppedError(FreezeoptError):
     """freezeopt was asked to stop (SIGTERM, SIGHUP, Ctrl-C) and stopped its rank processes.
 
@@ -107,6 +114,7 @@ EXIT_CODES = {
     2: "bad input: missing, malformed, wrong-version or inconsistent file or option",
     4: "schedule does not fit the profile or job",
     5: "solver missing, failed, or stopped without a solution",
+    6: "training ended with a non-finite loss (it never recovered; the run's files are written)",
     129: "stopped by SIGHUP (every rank process stopped first)",
     130: "interrupted (Ctrl-C)",
     143: "stopped by SIGTERM (every rank process stopped first)",

@@ -12,7 +12,8 @@ hidden `--fault` option of `freezeopt train` (`profile_job(fault=...)` or `FREEZ
   random data of the same shape and kind;
 * `slow:stage=S,ms=X[,step=K]` spins X ms in every action of stage S from step K on (busy, so the
   stage is slower, not idle);
-* `nan_loss:step=K` makes the loss of step K NaN (every microbatch; the update is skipped);
+* `nan_loss:step=K[,steps=N]` makes the loss of N steps (default 1) from step K on NaN (every
+  microbatch; the update is skipped);
 * `corrupt_checkpoint:step=K[,rank=R]` flips one byte of rank R's file (default 0) in the newest
   checkpoint at the start of step K, as a failing disk would;
 * `crash:rank=R,step=K`, `kill:…` and `hang:…` (`RANK_FAULTS`): rank R raises, dies of SIGKILL
@@ -55,14 +56,14 @@ class Fault:
     factor: float = 100.0
     ms: float = 0.0
     steps: int = 1
-    """`corrupt_batch`: how many consecutive steps from `step` on."""
+    """`corrupt_batch`, `nan_loss`: how many consecutive steps from `step` on."""
 
 
 _FAULT_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind → (required, optional)
     "lr_spike": ({"step"}, {"factor"}),
     "corrupt_batch": ({"step"}, {"steps"}),
     "slow": ({"stage", "ms"}, {"step"}),
-    "nan_loss": ({"step"}, set()),
+    "nan_loss": ({"step"}, {"steps"}),
     "corrupt_checkpoint": ({"step"}, {"rank"}),
     "crash": ({"rank", "step"}, set()),
     "kill": ({"rank", "step"}, set()),

@@ -361,7 +361,9 @@ class _Trainer:
         """The job's loss; its time is counted in the last stage's F, as the profiler counts it."""
         tok = self.clock.start()
         loss = self.rp.loss_fn(output, target, *args, **kwargs)
-        if self._fault("nan_loss") is not None:
+        if any(
+            f.kind == "nan_loss" and f.step <= self.step_idx < f.step + f.steps for f in self.faults
+        ):
             loss = loss * float("nan")
         rec, self.pending_loss = self.pending_loss, None
         if rec is not None:
@@ -592,6 +594,10 @@ class _Trainer:
                 g["lr"] = lr
         else:
             rp.optimizer.zero_grad(set_to_none=True)
+            if ctrl is None:  # with a schedule, the controller's drift event says it
+                self.log.add_events(
+                    [{"step": step, "event": "nonfinite", "loss": str(loss), "update": "skipped"}]
+                )
         if decision is not None and decision.rollback:
             self._rollback(step)
         rec = {

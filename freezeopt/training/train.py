@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -50,7 +51,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from freezeopt.errors import InputError, MismatchError, option, short
+from freezeopt.errors import DivergedError, InputError, MismatchError, option, short
 from freezeopt.fileio import atomic_write_text, check_output_folder
 from freezeopt.formats.profile import load_profile, profile_sha256
 from freezeopt.formats.schedule import (
@@ -300,7 +301,26 @@ def train_job(
     if not in_torchrun() or int(os.environ["RANK"]) == 0:
         atomic_write_text(out / "actions.json", json.dumps(actions_doc, indent=1) + "\n")
         atomic_write_text(out / "report.json", json.dumps(report.to_dict(), indent=1) + "\n")
+    _check_recovered(report)
     return report
+
+
+def _check_recovered(report: TrainReport) -> None:
+    """Raise DivergedError when the run ended on a non-finite loss (every update since was
+    skipped: the run cannot recover by itself)."""
+    losses = report.losses
+    if not losses or math.isfinite(losses[-1][1]):
+        return
+    since = losses[-1][0]
+    for step, loss in reversed(losses):
+        if math.isfinite(loss):
+            break
+        since = step
+    raise DivergedError(
+        f"the training loss was not finite from step {since} to the end (step {losses[-1][0]}: "
+        f"{losses[-1][1]}); every update since was skipped and the run did not recover. Its files "
+        f"are in {report.out_dir}; check the data and the learning rate"
+    )
 
 
 def check_schedule_fits(

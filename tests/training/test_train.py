@@ -23,7 +23,7 @@ import yaml
 
 from freezeopt.actions import parse_action
 from freezeopt.commands import solve_file
-from freezeopt.errors import InputError, MismatchError, RankFailedError
+from freezeopt.errors import DivergedError, InputError, MismatchError, RankFailedError
 from freezeopt.examples.tiny_gpt import build_model, stdlib_bytes
 from freezeopt.formats.profile import load_profile
 from freezeopt.formats.schedule import Drift, Phases
@@ -297,6 +297,43 @@ def test_injected_drift_falls_back_rolls_back_and_recovers(tmp_path: Path) -> No
     assert losses[16] > 2 * losses[15]  # the spike really hurt
     assert math.isfinite(losses[23]) and losses[23] < 0.5 * losses[16]  # and the run recovered
     assert len(drifts) == 1  # no drift after the rollback: the trend came back with the weights
+
+
+def test_a_run_that_never_recovers_from_a_nan_loss_says_so_and_exits_non_zero(
+    tmp_path: Path,
+) -> None:
+    """From step 2 on every loss is NaN: each step is a `nonfinite` event (updates skipped, no
+    schedule needed), the run's files are written, and the command exits 6 with one line."""
+    from typer.testing import CliRunner
+
+    from freezeopt.cli import app
+
+    spec, out = tmp_path / "job.yaml", tmp_path / "run"
+    spec.write_text(yaml.safe_dump({"name": "small", **SMALL}))
+    r = CliRunner().invoke(
+        app,
+        ["train", str(spec), "--steps", "5", "--out-dir", str(out), "--no-progress",
+         "--fault", "nan_loss:step=2,steps=100"],  # fmt: skip
+    )
+    assert r.exit_code == 6, r.output
+    assert r.stderr.startswith("error: the training loss was not finite from step 2 to the end")
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.output
+    evs = events(out)
+    assert [e["step"] for e in evs if e["event"] == "nonfinite"] == [2, 3, 4]
+    assert json.loads((out / "report.json").read_text())["loss"] == "nan"
+    with pytest.raises(DivergedError):
+        train_job(
+            small_job(),
+            TrainOptions(
+                steps=4, out_dir=tmp_path / "lib", progress=False, fault="nan_loss:step=1,steps=9"
+            ),
+        )
+    # a NaN that passes (one step) is recovered from: no error
+    rep = train_job(
+        small_job(),
+        TrainOptions(steps=4, out_dir=tmp_path / "once", progress=False, fault="nan_loss:step=1"),
+    )
+    assert math.isfinite(rep.loss or math.nan)
 
 
 def test_nan_loss_rolls_back_past_a_corrupted_checkpoint(tmp_path: Path) -> None:
