@@ -310,11 +310,8 @@ def test_a_run_that_never_recovers_from_a_nan_loss_says_so_and_exits_non_zero(
 
     spec, out = tmp_path / "job.yaml", tmp_path / "run"
     spec.write_text(yaml.safe_dump({"name": "small", **SMALL}))
-    r = CliRunner().invoke(
-        app,
-        ["train", str(spec), "--steps", "5", "--out-dir", str(out), "--no-progress",
-         "--fault", "nan_loss:step=2,steps=100"],  # fmt: skip
-    )
+    argv = ["train", str(spec), "--steps", "5", "--out-dir", str(out), "--no-progress"]
+    r = CliRunner().invoke(app, [*argv, "--fault", "nan_loss:step=2,steps=100"])
     assert r.exit_code == 6, r.output
     assert r.stderr.startswith("error: the training loss was not finite from step 2 to the end")
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.output
