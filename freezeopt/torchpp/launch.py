@@ -54,6 +54,7 @@ __all__ = [
     "RankContext",
     "cpu_snapshot",
     "die_with_parent",
+    "error_line",
     "host_info",
     "in_torchrun",
     "load_avg",
@@ -232,7 +233,7 @@ def _worker(
         code = 1
         traceback.print_exc()
         user = type(e).__name__ if isinstance(e, FreezeoptError) else None
-        q.put(("error", rank, time.monotonic(), beat.step, beat.phase, _one_line(e), user))
+        q.put(("error", rank, time.monotonic(), beat.step, beat.phase, error_line(e), user))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -290,13 +291,25 @@ def _stop_on_signals(outcome: Callable[[], str]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    first = lines[0] if lines else ""
-    if first.startswith("[") and "gloo" in first and "]" in first:
-        first = first.split("]", 1)[1].strip()
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+def error_line(e: BaseException) -> str:
+    """A rank's error on one line, with its cause: torch wraps an error raised in a stage's
+    forward or backward as `[Stage 1] failed to run forward:` (the real error only in its
+    `__cause__`), so each cause that the message does not already hold is added."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen and len(parts) < 4:
+        seen.add(id(cur))
+        text = str(cur).strip()
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        first = lines[0] if lines else ""
+        if first.startswith("[") and "gloo" in first and "]" in first:
+            first = first.split("]", 1)[1].strip()
+        part = f"{type(cur).__name__}: {first}" if first else type(cur).__name__
+        if not any(first and first in p for p in parts):
+            parts.append(part)
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+    return parts[0] + "".join(f"; caused by {p}" for p in parts[1:])
 
 
 # --- launching ----------------------------------------------------------------------------------

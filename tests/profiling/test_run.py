@@ -311,6 +311,22 @@ def build(n_stages, seq_len, width=16):
 
 def broken_data(batch_size, seq_len, seed, **kw):
     raise InputError("broken_data: the corpus is missing; point data_args.path at it")
+
+
+class Raising(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.lin = nn.Linear(width, 256)
+
+    def forward(self, x):
+        if not x.is_meta:  # the preflight's meta-device pass goes through
+            raise ValueError("the user's head broke on a real batch")
+        return self.lin(x)
+
+
+def build_raising(n_stages, seq_len, width=16):
+    parts = build(n_stages, seq_len, width)
+    return ModelParts(stages=[parts.stages[0], Raising(width)], loss_fn=parts.loss_fn)
 """
 
 
@@ -332,6 +348,15 @@ def test_user_model_via_module_function(tmp_path: Path) -> None:
     assert [g.name for g in p.stages[0].groups] == ["tok", "mix"]
     assert [g.name for g in p.stages[1].groups] == ["0", "2"]
     assert p.stages[1].groups[1].numel == 16 * 256 + 256
+
+    # an error in the user's own forward: torch wraps it ("[Stage 1] failed to run forward"),
+    # the one line carries the cause
+    raising = tmp_path / "raising.yaml"
+    raising.write_text(spec.read_text().replace("usermodel:build", "usermodel:build_raising"))
+    with pytest.raises(RankFailedError) as f:
+        profile_job(raising, out=tmp_path / "raising.json", progress=False)
+    msg = str(f.value)
+    assert "\n" not in msg and "ValueError: the user's head broke on a real batch" in msg, msg
 
     spec.write_text(spec.read_text() + "data: usermodel:broken_data\n")
     with pytest.raises(InputError) as e:

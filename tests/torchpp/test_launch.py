@@ -137,3 +137,25 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
     while alive(ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(ranks)
+
+
+def test_a_wrapped_error_keeps_its_cause_on_the_one_line() -> None:
+    """torch 2.13's PipelineStage re-raises an error of a stage's forward as `RuntimeError([Stage
+    1] failed to run forward:\\n args: …) from e`: the rank's one line carries the cause too."""
+    from freezeopt.torchpp.launch import error_line
+
+    try:
+        try:
+            raise ValueError("the head broke")
+        except ValueError as e:
+            raise RuntimeError("[Stage 1] failed to run forward:\nargs: ('tensor',)") from e
+    except RuntimeError as wrapped:
+        line = error_line(wrapped)
+    assert line == (
+        "RuntimeError: [Stage 1] failed to run forward:; caused by ValueError: the head broke"
+    )
+    assert error_line(ValueError("plain")) == "ValueError: plain"
+    try:
+        raise KeyError("k") from None
+    except KeyError as e:
+        assert error_line(e) == "KeyError: 'k'"
