@@ -39,6 +39,7 @@ __all__ = [
     "scale_group_grads",
     "schedule_actions",
     "torch_version",
+    "wrapped_by",
 ]
 
 SCHEDULE_NAMES: tuple[str, ...] = (
@@ -381,6 +382,27 @@ def split_backward(
 # DDP/FSDP-wrapped stage modules are not supported (their no_sync/reshard hooks are bypassed).
 
 
+def wrapped_by(module: Any) -> str | None:
+    """The data-parallel wrapper on `module` or one of its submodules — FSDP2 (`fully_shard`),
+    FSDP or DDP — or None. Under them the restricted backward is not exact (FSDP2 reduces a
+    whole stage's gradients at once: freezing one group left every gradient None, or halved the
+    others'), so freezing refuses such a stage."""
+    import torch
+
+    kinds: list[tuple[type, str]] = [(torch.nn.parallel.DistributedDataParallel, "DDP")]
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        kinds += [(FSDPModule, "FSDP2 (fully_shard)"), (FullyShardedDataParallel, "FSDP")]
+    except ImportError:  # a torch built without distributed
+        pass
+    for m in module.modules():
+        for cls, name in kinds:
+            if isinstance(m, cls):
+                return name
+    return None
+
+
 def enable_freezing(
     stage: Any,
     groups: Sequence[Sequence[Any]],
@@ -389,10 +411,19 @@ def enable_freezing(
     """Make `stage` skip the weight gradients of `groups[g]` for g in `frozen(stage_index, mb)`.
 
     `groups` are lists of the stage module's parameters; parameters in no group are never frozen.
-    With `frozen` returning an empty set the stage runs torch's own code paths unchanged.
+    With `frozen` returning an empty set the stage runs torch's own code paths unchanged. A stage
+    whose module is wrapped by FSDP2, FSDP or DDP is refused (`wrapped_by`).
     """
     import torch
     from torch.distributed.pipelining._backward import stage_backward_input
+
+    wrapper = wrapped_by(stage.submod)
+    if wrapper is not None:
+        raise InputError(
+            f"stage {stage.stage_index}'s module is wrapped by {wrapper}: freezing cannot skip "
+            "weight gradients exactly there yet (the wrapper reduces the stage's gradients "
+            "itself); freeze only unwrapped stages"
+        )
 
     current: dict[str, int] = {}
     grouped = {id(p) for g in groups for p in g}

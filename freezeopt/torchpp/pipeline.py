@@ -164,7 +164,7 @@ def check_parts(job: Job, plan: PipelinePlan, parts: Any) -> Groups:
     """Check what the model function returned against the plan; return the groups per stage."""
     if not isinstance(parts, ModelParts):
         raise InputError(
-            f"model {job.model!r} returned {type(parts).__name__}; return freezeopt.torchpp.job.ModelParts"
+            f"model {job.model!r} returned {type(parts).__name__}; return freezeopt.ModelParts"
         )
     if len(parts.stages) != plan.n_stages:
         raise InputError(
@@ -175,8 +175,16 @@ def check_parts(job: Job, plan: PipelinePlan, parts: Any) -> Groups:
         raise InputError(
             f"model {job.model!r} returned groups for {len(parts.groups)} stages; give one mapping per stage"
         )
+    from freezeopt.torchpp.adapter import wrapped_by
+
     out = {}
     for s, mod in enumerate(parts.stages):
+        wrapper = wrapped_by(mod)
+        if wrapper is not None:
+            raise InputError(
+                f"stage {s} of model {job.model!r} is wrapped by {wrapper}: freezeopt cannot skip "
+                "weight gradients exactly under it yet; return unwrapped stage modules"
+            )
         names, child_of = _param_names(mod)
         if not names:
             raise InputError(

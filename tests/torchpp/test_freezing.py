@@ -160,3 +160,38 @@ def test_freezing_on_stock_torch(tmp_path: Path, schedule: str) -> None:
             # frozen in the even microbatches, rescaled: the mean over the odd ones
             want = odd[s][name] if in_group0 else g
             assert torch.allclose(res["even0"]["grads"][s][name], want, atol=1e-6), (s, name)
+
+
+def test_stages_wrapped_by_fsdp2_or_ddp_are_refused_not_frozen_wrongly() -> None:
+    """Under FSDP2 freezing one group lost the whole stage's gradients (or halved the others'):
+    until wrapped stages are supported, `enable_freezing` and the job's checks refuse them in one
+    line. Run in a process of its own (a one-rank gloo group)."""
+    import subprocess
+    import sys
+
+    code = """
+import os, types, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + os.getpid() % 300))
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.fsdp import fully_shard
+from freezeopt.errors import InputError
+from freezeopt.torchpp.adapter import enable_freezing, wrapped_by
+plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+fsdp = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+fully_shard(fsdp[0])
+ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 3))
+print(wrapped_by(plain), wrapped_by(fsdp), wrapped_by(ddp))
+for mod in (fsdp, ddp):
+    try:
+        enable_freezing(types.SimpleNamespace(submod=mod, stage_index=1), [[]], lambda s, m: frozenset())
+    except InputError as e:
+        print("refused:", e)
+dist.destroy_process_group()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == "None FSDP2 (fully_shard) DDP"
+    assert lines[1].startswith("refused: stage 1's module is wrapped by FSDP2 (fully_shard):")
+    assert lines[2].startswith("refused: stage 1's module is wrapped by DDP:")
