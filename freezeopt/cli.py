@@ -419,6 +419,8 @@ def compare(
     target = out if out is not None else Path("reports") / _job_name(job)
     command = shlex.join(["freezeopt", *sys.argv[1:]])
     rep = compare_job(job, out_dir=target, opts=opts, progress=not no_progress, command=command)
+    for w in rep.warnings:  # report.md lists them too; a table on a busy host must not look sound
+        typer.echo(f"warning: {one_line(w)}", err=True)
     typer.echo(format_compare(rep))
     typer.echo(f"wrote {target / 'report.md'}")
 

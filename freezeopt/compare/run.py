@@ -170,6 +170,9 @@ class CompareReport:
     """How the comparison was run: command, started (UTC), wall_s, load averages, cpu_count."""
     figures: tuple[str, ...] = ()
     """The PNG files of the report, in its folder."""
+    unreliable: tuple[str, ...] = ()
+    """The runs during which other processes kept the host's cores busy: their step times, and
+    every ratio to `none`, are not to be trusted (empty: none was)."""
 
 
 def compare_job(
@@ -214,6 +217,7 @@ def compare_job(
     caps: dict[tuple[str, float], float | None] = {}
     paths: dict[tuple[str, float], Path] = {}
     warnings: list[str] = []
+    busy: list[str] = []  # runs during which other processes loaded the host
 
     def schedule_for(policy: Policy, budget: float) -> Path:
         if (policy, budget) not in paths:
@@ -251,6 +255,8 @@ def compare_job(
         )
         rep = train_job(job, run_opts)
         empty = not predicted[(policy, budget)].frozen  # no freezing steps, as planned
+        if any(w.kind == "busy_host" for w in rep.warnings):
+            busy.append(rdir.name)
         warnings.extend(
             f"{rdir.name}: {w}"
             for w in rep.warnings
@@ -305,6 +311,7 @@ def compare_job(
         sweep=tuple(sweep),
         warnings=tuple(dict.fromkeys(warnings)),
         run_info=run_info,
+        unreliable=tuple(busy),
     )
     figures = _write_figures(report, out_dir, prof_path, paths)
     report = dataclasses.replace(report, figures=figures)
@@ -353,6 +360,7 @@ def load_compare(out_dir: Path) -> CompareReport:
             warnings=tuple(d.get("warnings", ())),
             run_info=dict(d.get("run_info", {})),
             figures=tuple(d.get("figures", ())),
+            unreliable=tuple(d.get("unreliable", ())),
         )
     except (KeyError, TypeError) as e:
         raise InputError(f"{path} is not a freezeopt compare result ({e})") from None
@@ -514,7 +522,17 @@ def format_compare(rep: CompareReport) -> str:
     """The results table as Markdown, with the notes that explain it."""
     none = next(r for r in rep.results if r.policy == "none")
     n = int(rep.options.get("steps", 0))
-    lines = [
+    lines = []
+    if rep.unreliable:
+        lines += [
+            f"**UNRELIABLE**: other processes kept the host busy during {len(rep.unreliable)} of "
+            f"{len(rep.runs) + len(rep.sweep)} runs ({', '.join(rep.unreliable[:4])}"
+            + (", …" if len(rep.unreliable) > 4 else "")
+            + "): their step times, and every ratio below, are not to be trusted; run again on a "
+            "quiet machine.",
+            "",
+        ]
+    lines += [
         f"| policy | step ms (measured) | × none (min–max) | predicted ms | × none (predicted) | "
         f"LP-bound gain captured | signal dropped | train loss at {n} | val loss at {n} | "
         "time to none's val loss | × none's time |",

@@ -103,7 +103,7 @@ _NOT_TRAINING = (  # job fields that do not change the training trajectory (a re
 
 class RunWarning(str):
     """A warning of a run: its text, and what it is about (`kind`) for a caller that acts on it —
-    `replaced_run`, `no_freezing_step`, `no_full_update_step`, or `other`."""
+    `replaced_run`, `no_freezing_step`, `no_full_update_step`, `busy_host`, or `other`."""
 
     kind: str
 
@@ -521,8 +521,11 @@ def _assemble(
     others = host.get("other_cpu_cores")
     if others is not None and others > OTHERS_BUSY:
         warnings.append(
-            f"other processes kept {others:.2f} cores busy during the run; step times are unreliable, "
-            "measure on a quiet machine"
+            RunWarning(
+                f"other processes kept {others:.2f} cores busy during the run; step times are "
+                "unreliable, measure on a quiet machine",
+                "busy_host",
+            )
         )
     pred = sched.prediction if sched is not None else None
     step_ms = freeze_ms if (sched is not None and freeze) else _median(freeze + full)

@@ -5,6 +5,7 @@ aggregation and the table on hand-made runs, where both outcomes are certain."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -94,6 +95,12 @@ def test_compare_tiny(tmp_path: Path) -> None:
     assert any(w.startswith("no full-update step was measured") for w in own)
     assert not any("no full-update step was measured" in w for w in rep.warnings)
     table = format_compare(rep)
+    # runs taken while other processes loaded the host mark the whole table unreliable
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["unreliable"] == list(rep.unreliable)
+    assert table.startswith("**UNRELIABLE**") == bool(rep.unreliable)
+    busy = format_compare(dataclasses.replace(rep, unreliable=(rep.runs[0].out_dir,)))
+    assert busy.startswith("**UNRELIABLE**: other processes kept the host busy during 1 of ")
     for r in rep.results:
         row = next(ln for ln in table.splitlines() if ln.startswith(f"| {r.policy} |"))
         assert (f"never within {r.max_steps} steps" in row) == (r.time_to_target_s is None)
