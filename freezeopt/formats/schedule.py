@@ -11,7 +11,7 @@ that stage in microbatches 0, 1, 2 and 5. `docs/schedule.md` describes every fie
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -40,6 +40,7 @@ __all__ = [
     "save_schedule",
     "schedule_json_schema",
     "schedule_sha256",
+    "with_phases",
 ]
 
 SCHEDULE_VERSION = 1
@@ -150,6 +151,21 @@ def check_phase_flags(warmup_steps: int | None, full_update_every: int | None) -
         raise InputError(f"{option('warmup_steps')} must not be negative")
     if full_update_every is not None and full_update_every < 0:
         raise InputError(f"{option('full_update_every')} must not be negative (0: never)")
+
+
+def with_phases(
+    schedule: Schedule, *, warmup_steps: int | None = None, full_update_every: int | None = None
+) -> Schedule:
+    """`schedule` with its warm-up and full-update period overridden where given (checked)."""
+    check_phase_flags(warmup_steps, full_update_every)
+    changes: dict[str, Any] = {}
+    if warmup_steps is not None:
+        changes["warmup_steps"] = warmup_steps
+    if full_update_every is not None:
+        changes["full_update_every"] = full_update_every
+    if not changes:
+        return schedule
+    return replace(schedule, phases=replace(schedule.phases, **changes))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -56,13 +56,14 @@ import hashlib
 import math
 import random
 import statistics
+import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from freezeopt.errors import InputError, MismatchError
-from freezeopt.formats.schedule import Schedule, parse_microbatches
+from freezeopt.formats.schedule import Schedule, parse_microbatches, with_phases
 
 __all__ = ["Decision", "FreezeController"]
 
@@ -72,6 +73,10 @@ _GRAD_WINDOW = 20
 _TIME_WINDOW = 5
 _FULL_WINDOW = 20
 _FULL_MIN = 3
+
+
+_MISSING_WARN = 10
+"""Freezing steps without an input of a drift rule before `end_step` warns that the rule is off."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,7 +121,12 @@ class FreezeController:
         rollback: bool = False,
         tensors: Mapping[int, Sequence[int]] | None = None,
         replan_on_drift: bool = False,
+        warmup_steps: int | None = None,
+        full_update_every: int | None = None,
     ) -> None:
+        schedule = with_phases(
+            schedule, warmup_steps=warmup_steps, full_update_every=full_update_every
+        )
         pipe = schedule.pipeline
         bad = [s for s in stages if not 0 <= s < pipe.n_stages]
         if bad:
@@ -128,6 +138,8 @@ class FreezeController:
         self._tensor_arg = tensors
         self._calib: float | None = None
         self._state = _State()
+        self._missing = {"grad_norms": 0, "step_ms": 0}
+        """Freezing steps whose `end_step` lacked an input a drift rule needs (warned once)."""
         self._load_plan(schedule)
 
     def set_schedule(self, schedule: Schedule) -> None:
@@ -295,8 +307,24 @@ class FreezeController:
         grad_norms: Mapping[str, float] | None = None,
         step_ms: float | None = None,
     ) -> Decision:
-        """Record the step's loss, per-group gradient norms and step time; check the drift rules."""
+        """Record the step's loss, per-group gradient norms and step time; check the drift rules.
+
+        Without `grad_norms` the gradient-spike rule cannot fire, without `step_ms` the step-time
+        rule; after `_MISSING_WARN` freezing steps without one, a warning says so (once)."""
         st, drift_cfg = self._state, self.schedule.phases.drift
+        if self.freezing:
+            for name, given in (("grad_norms", grad_norms), ("step_ms", step_ms)):
+                if given is not None or self._missing[name] < 0:
+                    continue
+                self._missing[name] += 1
+                if self._missing[name] >= _MISSING_WARN:
+                    self._missing[name] = -1  # warned
+                    rule = "gradient-spike" if name == "grad_norms" else "step-time"
+                    warnings.warn(
+                        f"FreezeController.end_step got no {name} for {_MISSING_WARN} freezing "
+                        f"steps: the {rule} drift rule is off; pass {name}=…",
+                        stacklevel=2,
+                    )
         fired: list[str] = []
         norms = dict(grad_norms or {})
         if not math.isfinite(loss) or any(not math.isfinite(v) for v in norms.values()):

@@ -38,7 +38,6 @@ complete checkpoint (same job and schedule; `steps` is the step to train to).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -61,6 +60,7 @@ from freezeopt.formats.schedule import (
     load_schedule,
     pipeline_difference,
     schedule_sha256,
+    with_phases,
 )
 from freezeopt.profiling.assemble import OTHERS_BUSY
 from freezeopt.torchpp.faults import parse_faults
@@ -75,7 +75,7 @@ from freezeopt.torchpp.launch import (
 )
 from freezeopt.torchpp.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
 from freezeopt.training import checkpoint as ckpt
-from freezeopt.training.options import PhaseOverrides, ReplanOptions, TrainOptions
+from freezeopt.training.options import ReplanOptions, TrainOptions
 from freezeopt.training.rank import RankTrainResult, TrainSpec, train_rank
 from freezeopt.training.replan import ReplanSpec, check_profile_fits
 from freezeopt.training.runlog import jsonable
@@ -201,7 +201,11 @@ def train_job(
     ck = opts.checkpoints
     schedule = None
     if opts.schedule is not None:
-        schedule = _with_phases(load_schedule(opts.schedule), opts.phases)
+        schedule = with_phases(
+            load_schedule(opts.schedule),
+            warmup_steps=opts.phases.warmup_steps,
+            full_update_every=opts.phases.full_update_every,
+        )
     plan = plan_pipeline(job)
     groups = preflight(job, plan, in_torchrun=in_torchrun())
     warnings: list[str] = []
@@ -403,17 +407,6 @@ def format_train_report(report: TrainReport) -> str:
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _with_phases(schedule: Schedule, phases: PhaseOverrides) -> Schedule:
-    changes: dict[str, Any] = {}
-    if phases.warmup_steps is not None:
-        changes["warmup_steps"] = phases.warmup_steps
-    if phases.full_update_every is not None:
-        changes["full_update_every"] = phases.full_update_every
-    if not changes:
-        return schedule
-    return dataclasses.replace(schedule, phases=dataclasses.replace(schedule.phases, **changes))
 
 
 def _replan_spec(

@@ -280,3 +280,39 @@ def test_random_tensors_realisation() -> None:
         )  # TimelyFreeze does not rescale, and no tensor is frozen in all
         seen.add(c.frozen_groups(0, 0))
     assert len(seen) > 1  # redrawn every 10 steps
+
+
+def test_phase_overrides_in_the_controller() -> None:
+    """A schedule's default warm-up (100 steps) freezes nothing in a short loop of one's own: the
+    controller takes the same overrides as `freezeopt train`, checked the same way."""
+    sched = _with_frozen(_schedule(Phases()), {0: {"s0.g0": "0-1"}})
+    assert sched.phases.warmup_steps == 100
+    c = FreezeController(sched, stages=[0], warmup_steps=1, full_update_every=0)
+    got = []
+    for step in range(4):
+        c.begin_step(step)
+        got.append(c.phase)
+    assert got == ["warmup", "freeze", "freeze", "freeze"]
+    with pytest.raises(InputError, match="warmup_steps must not be negative"):
+        FreezeController(sched, stages=[0], warmup_steps=-1)
+
+
+def test_end_step_without_the_inputs_of_a_drift_rule_warns_once() -> None:
+    sched = _with_frozen(_schedule(Phases(drift=Drift(step_time_error=1e6))), {0: {"s0.g0": "0-1"}})
+    c = FreezeController(sched, stages=[0], warmup_steps=0, full_update_every=0)
+    with pytest.warns(UserWarning) as seen:
+        for step in range(25):
+            c.begin_step(step)
+            c.end_step(loss=3.0)  # neither grad_norms nor step_ms
+    texts = sorted(str(w.message) for w in seen)
+    assert len(texts) == 2, texts
+    assert "no grad_norms for 10 freezing steps: the gradient-spike drift rule is off" in texts[0]
+    assert "no step_ms for 10 freezing steps: the step-time drift rule is off" in texts[1]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        full = FreezeController(sched, stages=[0], warmup_steps=0, full_update_every=0)
+        for step in range(25):
+            full.begin_step(step)
+            full.end_step(loss=3.0, grad_norms={"s0.g0": 1.0}, step_ms=10.0)  # everything given
