@@ -220,3 +220,32 @@ def test_write_model_is_checked_like_every_output_and_written_atomically(
     assert "No space left on device" in line and "previous file is unchanged" in line
     assert model.read_text() == good
     assert not [f for f in os.listdir(tmp) if f.startswith(".fo.")]  # no temporary file left
+
+
+def test_a_schedule_of_huge_ranges_validates_without_expanding_them(tmp_path: Path) -> None:
+    """500 groups each frozen in `0-1048575` of 2^20 microbatches: a 20 KB file that expands to
+    half a billion entries. Validating it checks each range, it does not list them (CPU time
+    bounded by the parts, with a wide band)."""
+    import yaml
+
+    committed = Path(__file__).resolve().parents[1] / "schedules" / "tiny-gpt-1f1b.yaml"
+    doc = yaml.safe_load(committed.read_text())
+    groups = [[f"s{s}g{i}" for i in range(250)] for s in range(2)]
+    doc["pipeline"].update(n_microbatches=2**20, groups=groups)
+    doc["frozen"] = {s: {g: "0-1048575" for g in groups[s]} for s in range(2)}
+    f = tmp_path / "huge.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    code = (
+        "import resource\n"
+        "from freezeopt.formats.schedule import load_schedule\n"
+        f"s = load_schedule({str(f)!r})\n"
+        "print(len(s.frozen[0]), resource.getrusage(resource.RUSAGE_SELF).ru_utime)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    n, cpu = done.stdout.split()
+    assert n == "250" and float(cpu) < 30
+    doc["frozen"] = {0: {"s0g0": "0-5,3"}}
+    f.write_text(yaml.safe_dump(doc))
+    assert "repeats a microbatch" in one_error(run("validate", f))
