@@ -35,6 +35,11 @@ __all__ = [
 ]
 
 
+NAME_MAX = 255
+"""The longest file name (bytes) Linux file systems take; temporary files are named
+`.fo.XXXXXXXX.tmp<suffix>`, so any name up to this can be written."""
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and a rename."""
 
@@ -98,8 +103,8 @@ def check_output_file(path: Path, what: str, *, inputs: tuple[Path, ...] = ()) -
     if os.path.isdir(path):
         raise InputError(f"{what} {str(path)!r} is a folder; name a file")
     _refuse_special(path, what)
-    if len(os.fsencode(path.name)) > 255 - 12:  # the temporary name adds ".fo." and ".tmp" + 8
-        raise InputError(f"{what} {path}: the file name is too long (at most 243 bytes)")
+    if len(os.fsencode(path.name)) > NAME_MAX:  # the temporary name beside it is short
+        raise InputError(f"{what} {path}: the file name is too long (at most {NAME_MAX} bytes)")
     for src in inputs:
         if os.path.lexists(src) and os.path.realpath(src) == os.path.realpath(path):
             raise InputError(f"{what} {path} is an input of this command; write to another file")
