@@ -226,21 +226,19 @@ def read_text_file(
     more than `limit` bytes of it, whatever its size said."""
     p = Path(path)
     try:
-        st = p.stat()
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(p)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(
-                f"{what} {p} is not a regular file (a device, FIFO or socket); pass a file"
-            )
-        if st.st_size > limit:
-            raise InputError(
-                f"{what} {p} is too large ({st.st_size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB)"
-            )
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # no wait, should it have become a FIFO
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # never waits, on a FIFO either
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise InputError(f"{what} {p} is not a regular file; pass a file")
+            st = os.fstat(f.fileno())  # of what was opened: no window for a swap
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(p)
+            if not stat.S_ISREG(st.st_mode):
+                raise InputError(
+                    f"{what} {p} is not a regular file (a device, FIFO or socket); pass a file"
+                )
+            if st.st_size > limit:
+                raise InputError(
+                    f"{what} {p} is too large ({st.st_size / 2**20:.1f} MiB; the limit is {limit / 2**20:.0f} MiB)"
+                )
             data = f.read(limit + 1)
         if len(data) > limit:
             raise InputError(f"{what} {p} is too large (over {limit / 2**20:.0f} MiB, the limit)")

@@ -177,9 +177,9 @@ def load_rank_state(path: Path, rank: int) -> dict[str, Any]:
             f"checkpoint {path} has no state for rank {rank}; it was written by a job with fewer ranks"
         ) from None
     except Exception as e:  # torch raises many kinds for a damaged or hostile file
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise InputError(
-            f"cannot read checkpoint {f} ({first}); delete the folder to resume from an older one"
+            f"cannot read checkpoint {f} ({_first_line(e)}); delete the folder to resume from an "
+            "older one"
         ) from None
     if not isinstance(state, dict):
         raise InputError(f"checkpoint {f} holds no rank state; delete the folder")
@@ -196,8 +196,7 @@ def unreadable(ckpt: Checkpoint, ranks: range | list[int]) -> str | None:
         try:
             state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # torch raises many kinds for a damaged or hostile file
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            return f"{f} does not load weights-only ({first[:200]})"
+            return f"{f} does not load weights-only ({_first_line(e)[:200]})"
         if not isinstance(state, dict):
             return f"{f} holds no rank state"
     return None
@@ -276,3 +275,8 @@ def check_meta(ckpt: Checkpoint, expected: dict[str, Any]) -> None:
                 f"{short(want, 40)} now); resume with the same job, schedule and options, or train "
                 "into a fresh --out-dir"
             )
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of an error's message (its type's name where it has none)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
