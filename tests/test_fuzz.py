@@ -202,8 +202,15 @@ def _profile_pipeline(path: Path) -> None:
 @given(seed=st.integers(0, 2**32), value=_json_value, how=st.integers(0, 3))
 def test_profile_structure_fuzz(tmp_path: Path, seed: int, value: Any, how: int) -> None:
     f = tmp_path / "p.json"
-    f.write_text(json.dumps(_mutate(_PROFILE, seed, value, how), allow_nan=True))
+    f.write_text(_json_text(_mutate(_PROFILE, seed, value, how), seed))
     _expect_documented("profile (structure mutations)", lambda: _profile_pipeline(f))
+
+
+def _json_text(data: Any, seed: int) -> str:
+    """`data` as JSON; for odd seeds with infinities written `1e999`, which `json` reads as one
+    (`Infinity` is refused by the reader, `1e999` only where a number is checked)."""
+    text = json.dumps(data, allow_nan=True)
+    return text.replace("Infinity", "1e999") if seed % 2 else text
 
 
 @FUZZ
@@ -260,7 +267,7 @@ runner = CliRunner()
 @given(seed=st.integers(0, 2**32), value=_json_value, how=st.integers(0, 3))
 def test_cli_fuzz(tmp_path: Path, seed: int, value: Any, how: int) -> None:
     prof = tmp_path / "p.json"
-    prof.write_text(json.dumps(_mutate(_PROFILE, seed, value, how), allow_nan=True))
+    prof.write_text(_json_text(_mutate(_PROFILE, seed, value, how), seed))
     sched = tmp_path / "s.yaml"
     sched.write_text(_text_mutation(yaml.safe_dump(_SCHEDULE), seed))
     for args in (
@@ -299,3 +306,141 @@ def test_deep_nesting_is_refused(tmp_path: Path) -> None:
     g.write_text("a: " + "[" * 20000 + "]" * 20000 + "\n")
     with pytest.raises(FreezeoptError):
         load_schedule(g)
+
+
+# --- what freezeopt writes passes its own validation ---------------------------------------------
+
+
+def _scaled(p: Any, k: float) -> Any:
+    """Profile `p` with every time (actions, groups, lags) multiplied by `k`."""
+    import dataclasses
+
+    def sc(s: Any) -> Any:
+        return dataclasses.replace(s, median=s.median * k, p10=s.p10 * k, p90=s.p90 * k)
+
+    return dataclasses.replace(
+        p,
+        actions=tuple(dataclasses.replace(a, cost_ms=sc(a.cost_ms)) for a in p.actions),
+        lags=tuple(dataclasses.replace(lag, ms=sc(lag.ms)) for lag in p.lags),
+        stages=tuple(
+            dataclasses.replace(
+                st,
+                groups=tuple(
+                    dataclasses.replace(g, weight_grad_ms=sc(g.weight_grad_ms)) for g in st.groups
+                ),
+            )
+            for st in p.stages
+        ),
+    )
+
+
+def _at_the_limit(p: Any) -> Any:
+    """`p` scaled so that its largest time is `MAX_MS` itself (rounding kept under it)."""
+    from freezeopt.formats.profile import MAX_MS
+
+    top = max(max(a.cost_ms.p90 for a in p.actions), max(lag.ms.p90 for lag in p.lags))
+    return _scaled(p, MAX_MS * (1 - 1e-5) / top)
+
+
+def _no_group_costs(p: Any) -> Any:
+    import dataclasses
+
+    zero = dataclasses.replace(p.stages[0].groups[0].weight_grad_ms, median=0.0, p10=0.0, p90=0.0)
+    return dataclasses.replace(
+        p,
+        stages=tuple(
+            dataclasses.replace(
+                st, groups=tuple(dataclasses.replace(g, weight_grad_ms=zero) for g in st.groups)
+            )
+            for st in p.stages
+        ),
+    )
+
+
+_EDGES: list[tuple[str, dict[str, Any], Any]] = [
+    # (name, SynthOptions fields, a change made after synthesis)
+    ("tiny costs", {"forward_ms": 1e-6, "backward_ms": 2e-6, "lag_ms": 1e-7}, None),
+    ("subnormal costs", {"forward_ms": 1e-310, "backward_ms": 1e-310, "lag_ms": 0.0}, None),
+    ("huge costs", {"forward_ms": 5e7, "backward_ms": 9e7, "jitter": 0.1, "lag_ms": 1e8}, None),
+    ("costs at the limit", {"schedule": "ZBVZeroBubble"}, _at_the_limit),
+    ("no group costs", {}, _no_group_costs),
+    ("one microbatch", {"schedule": "GPipe", "microbatches": 1}, None),
+    ("one rank, one microbatch", {"ranks": 1, "microbatches": 1}, None),
+    ("one group, no noise", {"groups": 1, "noise": 0.0, "jitter": 0.0}, None),
+    ("all weight work", {"weight_share": 1.0, "schedule": "ZBVZeroBubble"}, None),
+    ("no lags, last stage heavy", {"lag_ms": 0.0, "last_stage_factor": 50.0}, None),
+    ("DualPipeV", {"schedule": "DualPipeV", "microbatches": 4}, None),
+    ("no traces", {"trace_steps": 0, "schedule": "Interleaved1F1B"}, None),
+]
+
+
+def _random_edges(n: int) -> list[tuple[str, dict[str, Any], Any]]:
+    """`n` seeded draws of the options above, mixed."""
+    rnd = random.Random(20240531)
+    out = []
+    for i in range(n):
+        opts = {
+            "schedule": rnd.choice(["1F1B", "GPipe", "ZBVZeroBubble", "Interleaved1F1B"]),
+            "microbatches": rnd.choice([1, 2, 3, 8]),
+            "groups": rnd.choice([1, 2, 5]),
+            "forward_ms": rnd.choice([1e-9, 1e-3, 10.0, 1e7]),
+            "backward_ms": rnd.choice([1e-9, 2e-3, 20.0, 9e7]),
+            "weight_share": rnd.choice([0.01, 0.5, 1.0]),
+            "noise": rnd.choice([0.0, 0.02, 0.49]),
+            "jitter": rnd.choice([0.0, 0.1, 0.1]),
+            "lag_ms": rnd.choice([0.0, 1e-6, 0.1, 1e8]),
+            "seed": i,
+        }
+        out.append((f"random {i}", opts, rnd.choice([None, None, _no_group_costs])))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "opts", "change"),
+    _EDGES + _random_edges(max(4, EXAMPLES // 25)),
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_what_solve_writes_from_an_edge_profile_validates_against_it(
+    tmp_path: Path, name: str, opts: dict[str, Any], change: Any
+) -> None:
+    """For profiles at the edges (tiny, subnormal, huge and at-the-limit costs, no group costs,
+    one microbatch, one group, no noise, no traces): the saved profile reloads byte for byte,
+    and the schedule each mode writes from it reloads and `validate --profile` accepts it."""
+    from freezeopt.commands import solve_file, validate_files
+    from freezeopt.profiling.synth import SynthOptions, synth_profile
+
+    base = {"ranks": 2, "microbatches": 4, "groups": 2, **opts}
+    try:
+        p = synth_profile(SynthOptions(**base))
+    except FreezeoptError as e:  # a random draw torch has no schedule for (1F1B, 1 microbatch)
+        assert name.startswith("random") and "\n" not in str(e)
+        _record("edge profiles", type(e).__name__)
+        return
+    p = change(p) if change is not None else p
+    prof = tmp_path / "p.json"
+    try:
+        from freezeopt.formats.profile import save_profile
+
+        save_profile(p, prof)
+    except FreezeoptError as e:  # refused (all costs underflowed to 0, say): nothing written
+        assert "\n" not in str(e) and not prof.exists()
+        _record("edge profiles", type(e).__name__)
+        return
+    assert dump_profile(load_profile(prof)) == prof.read_text()
+    sens = "numel" if p.pipeline.n_microbatches < 2 or not p.gradients else "gns"
+    modes = ["heuristic", "lp", "milp"]
+    if name.startswith("random"):  # one mode each: the draws are many
+        modes = [modes[int(opts["seed"]) % 3]]
+    for mode in modes:
+        out = tmp_path / f"{mode}.yaml"
+        solve_opts = SolveOptions(mode=mode, time_limit=20, sensitivity=sens, budget=0.3)  # type: ignore[arg-type]
+        solve_file(prof, solve_opts, phases=Phases(), out=out)
+        sched, _ = validate_files(out, prof)  # what `validate --profile` runs
+        assert sched.prediction.predicted_ms <= sched.prediction.baseline_ms * (1 + 1e-6) + 1e-9
+        _record("edge profiles", "ok")
+    for argv in (
+        ["validate", str(out), "--profile", str(prof)],
+        ["simulate", str(out), "-p", str(prof)],
+    ):
+        r = runner.invoke(app, argv)
+        assert r.exit_code == 0 and "Traceback" not in r.output, (name, argv, r.output)

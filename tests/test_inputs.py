@@ -258,3 +258,129 @@ def test_a_schedule_of_huge_ranges_validates_without_expanding_them(tmp_path: Pa
     doc["frozen"] = {0: {"s0g0": "0-5,3"}}
     f.write_text(yaml.safe_dump(doc))
     assert "repeats a microbatch" in one_error(run("validate", f))
+
+
+# --- non-finite and degenerate numbers: refused where they enter, before any work ---------------
+
+
+def _edited(src: Path, dst: Path, edit) -> Path:  # type: ignore[no-untyped-def]
+    """A copy of the profile `src` with `edit(data)` applied, infinities written `1e999` (the
+    JSON text `json` reads as an infinity)."""
+    data = json.loads(src.read_text())
+    edit(data)
+    dst.write_text(json.dumps(data).replace("Infinity", "1e999"))
+    return dst
+
+
+def _set_costs(data: dict, ms: float) -> None:  # type: ignore[type-arg]
+    for a in data["actions"]:
+        a["cost_ms"].update(median=ms, p10=ms, p90=ms)
+
+
+@pytest.mark.parametrize(
+    ("edit", "msg"),
+    [
+        # the issue's examples: an infinity in a free-form field (solve crashed after solving,
+        # simulate and validate at once), all-zero costs (a division by zero after the schedule
+        # was written), costs of 1e308 (a schedule holding .inf that validate refused)
+        (lambda d: d["extra"].update(note={"x": [float("inf")]}), "at extra.note.x.0: inf is not"),
+        (lambda d: _set_costs(d, 0.0), "every action costs 0 ms: there is nothing to optimise"),
+        (lambda d: _set_costs(d, 1e308), "1e+308 is over the 1e9 ms a profile's times may be"),
+        # and the other fields numbers enter by
+        (lambda d: d["provenance"]["job"].update(noise=-float("inf")), "at provenance.job.noise"),
+        (lambda d: d.update(loss=[float("inf")]), "at loss.0: Input should be a finite number"),
+        (lambda d: d["lags"][0]["ms"].update(p90=1e10), "at lags.0.ms.p90: 1e+10 is over the 1e9"),
+        (
+            lambda d: d["gradients"][0]["step_sq_norms"].__setitem__(0, 1e300),
+            "at gradients.0.step_sq_norms.0: 1e+300 is over the 1e100",
+        ),
+    ],
+)
+def test_a_profile_with_non_finite_or_degenerate_numbers_is_refused_by_every_command(
+    files: dict[str, Path], edit, msg: str
+) -> None:  # type: ignore[no-untyped-def]
+    tmp = files["profile"].parent
+    bad = _edited(files["profile"], tmp / "bad.json", edit)
+    out = tmp / "out.yaml"
+    for argv in (
+        ["solve", bad, "--mode", "heuristic", "--time-limit", "5", "-o", out],
+        ["simulate", files["schedule"], "--profile", bad],
+        ["validate", files["schedule"], "--profile", bad],
+    ):
+        assert msg in one_error(run(*argv)), argv
+        assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "msg"),
+    [
+        (["--forward-ms", "1e308"], "the largest stage cost, max(--forward-ms, --backward-ms) ×"),
+        (["--backward-ms", "1e308"], "is 1.1e+308 ms; it must be at most 1e8 ms"),
+        (["--last-stage-factor", "1e308"], "must be at most 1e8 ms"),
+        (["--forward-ms", "6e7", "--last-stage-factor", "2"], "is 1.32e+08 ms; it must be at most"),
+        (["--lag-ms", "1e308"], "--lag-ms must be at most 1e8 ms"),
+        (["--lag-ms", "inf"], "--lag-ms must be a finite number"),
+        (["--jitter", "nan"], "--jitter must be a finite number"),
+        (["--microbatch-size", "10000000000"], "--microbatch-size must be at most 4,294,967,296"),
+    ],
+)
+def test_synth_refuses_costs_its_profile_could_not_hold(
+    tmp_path: Path, argv: list[str], msg: str
+) -> None:
+    out = tmp_path / "x.json"
+    assert msg in one_error(run("synth", "--ranks", "2", "--microbatches", "2", *argv, "-o", out))
+    assert not out.exists()
+
+
+def test_a_job_spec_with_a_non_finite_argument_is_refused_before_any_rank_starts(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\ndata_args: {max_train_bytes: .nan}\n")
+    out = tmp_path / "p.json"
+    line = one_error(run("profile", job, "-o", out, "--no-progress"))
+    assert "invalid job spec at data_args.max_train_bytes: nan is not a finite number" in line
+    assert not out.exists()
+    job.write_text("name: j\n")
+    line = one_error(run("profile", job, "--seed", 2**64, "-o", out, "--no-progress"))
+    assert "at seed: Input should be less than or equal to 4294967295" in line
+
+
+def test_a_schedule_with_a_prediction_past_any_step_is_refused(files: dict[str, Path]) -> None:
+    import yaml
+
+    doc = yaml.safe_load(files["schedule"].read_text())
+    doc["prediction"]["baseline_ms"] = 1e308
+    bad = files["schedule"].parent / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    for argv in (["validate", bad], ["simulate", bad, "--profile", files["profile"]]):
+        assert "prediction.baseline_ms: 1e+308 ms is over the 1e18 ms a step may take" in one_error(
+            run(*argv)
+        )
+
+
+def test_a_plan_that_freezes_the_whole_step_away_is_reported_not_divided_by(
+    files: dict[str, Path],
+) -> None:
+    """Forward costs 0 and every backward is weight-gradient work: freezing every group leaves a
+    step of 0 ms. `solve` and `simulate` print it (no speed-up ratio), and the file validates."""
+    tmp = files["profile"].parent
+
+    def all_freezable(d: dict) -> None:  # type: ignore[type-arg]
+        for st in d["stages"]:
+            for g in st["groups"]:
+                g["weight_grad_ms"].update(median=1.0, p10=1.0, p90=1.0)
+        for a in d["actions"]:
+            ms = 0.0 if "F" in a["action"] else float(len(d["stages"][0]["groups"]))
+            a["cost_ms"].update(median=ms, p10=ms, p90=ms)
+        for lag in d["lags"]:
+            lag["ms"].update(median=0.0, p10=0.0, p90=0.0)
+
+    prof = _edited(files["profile"], tmp / "free.json", all_freezable)
+    out = tmp / "free.yaml"
+    r = run("solve", prof, "--budget", "1", "--group-cap", "1", "--sensitivity", "flat", "-o", out)
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    assert "predicted             0.00 ms   (no step time left" in r.stdout
+    assert run("validate", out, "--profile", prof).exit_code == 0
+    r = run("simulate", out, "--profile", prof)
+    assert r.exit_code == 0 and "(no step time left)" in r.stdout, r.output

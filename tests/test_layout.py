@@ -23,13 +23,15 @@ LAYERS = {
     "freezeopt.solver": 3,
     "freezeopt.torchpp": 3,
     "freezeopt.profiling": 4,
+    "freezeopt.hf": 4,
     "freezeopt.training": 5,
     "freezeopt.compare": 6,
 }
 """Each sub-package's floor: a module may import its own package, those on lower floors, and the
-top-level modules below every package (`actions`, `errors`, `fileio`). `examples` (user code) may
-import anything; the CLI and the top-level face sit above all."""
-BASE = {"freezeopt.actions", "freezeopt.errors", "freezeopt.fileio", "freezeopt"}
+top-level modules below every package (`actions`, `errors`, `fileio`, `procs`). `examples` (user
+code) may import anything; the CLI and the top-level face sit above all. `hf` (Hugging Face models
+as jobs) is profiling input: the job spec names it as a string, it imports the job contract."""
+BASE = {"freezeopt.actions", "freezeopt.errors", "freezeopt.fileio", "freezeopt.procs", "freezeopt"}
 """Modules any package may import (`freezeopt` itself for `__version__`)."""
 SOLVER_LIBS = {"pulp", "networkx", "highspy", "numba", "matplotlib", "torch"}
 
@@ -201,6 +203,21 @@ def test_import_freezeopt_is_cheap() -> None:
     got = loaded_by("freezeopt")
     assert got["heavy"] == []
     assert got["freezeopt"] == ["freezeopt"]
+
+
+def test_default_paths_never_load_transformers() -> None:
+    """The Hugging Face extra is optional: `import freezeopt`, the job spec, the runtime hook and
+    `freezeopt.hf`'s own face load no `transformers` (its functions import it when called)."""
+    names = ["freezeopt", "freezeopt.torchpp.job", "freezeopt.training.runtime", "freezeopt.hf"]
+    probe = (
+        "import importlib, sys\n"
+        f"for n in {names!r}: importlib.import_module(n)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'tokenizers', 'gguf'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd="/"
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_no_package_face_hides_one_of_its_modules() -> None:

@@ -4,7 +4,8 @@ Lowest floor of the package: these modules import nothing of freezeopt but `erro
 so every training rank can read a schedule without the solver. Public: `Profile` with
 `load_profile`, `save_profile`, `profile_sha256` (`freezeopt.formats.profile`); `Schedule` with
 `load_schedule`, `save_schedule`, `Phases`, `Drift`, `Realisation`, `check_fits`
-(`freezeopt.formats.schedule`). Each module's `__all__` lists the rest of its public names.
+(`freezeopt.formats.schedule`); `fingerprint`, what a parameter group holds, which both files
+record (`freezeopt.formats.fingerprint`). Each module's `__all__` lists the rest of its public names.
 """
 
 from freezeopt.formats.profile import Profile, load_profile, profile_sha256, save_profile

@@ -24,7 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from freezeopt.errors import InputError
+from freezeopt.errors import InputError, short
+from freezeopt.formats.fingerprint import FINGERPRINT_PATTERN
 
 __all__ = [
     "PROFILE_VERSION",
@@ -52,9 +53,27 @@ MAX_RANKS = 2**16
 """Largest world size and stage count a file may claim (far above any real pipeline; a bound so a
 mutated number cannot make a checker allocate without limit)."""
 MAX_MICROBATCHES = 2**20
+MAX_MS = 1e9
+"""Largest time (ms, about 11.6 days) a profile's statistics (`Stat`: action, group, lag,
+optimizer and step times) may hold. The solver adds them along the pipeline's paths and hands the
+sums to LP solvers, which take 1e20 (HiGHS) or 1e30 (CBC) as infinite: a profile within its size
+limit holds under 3.4e7 actions, so at 1e9 ms each a step stays below `MAX_STEP_MS`."""
+MAX_STEP_MS = 1e18
+"""Largest step time (ms) a file may hold (a schedule's predictions, a timeline's offsets): above
+what a profile within `MAX_MS` and its size limit can give (3.4e7 actions and lags of 1e9 ms)."""
+MAX_SQ_NORM = 1e100
+"""Largest squared gradient norm a trace may hold (what float32 gradients of 1e12 parameters can
+reach is below 1e90): the `gns` estimators multiply and divide them (the noise over |G|², floored
+at 1e-3 of the step's norm, times microbatch sizes), and much larger ones overflow."""
+MAX_MICROBATCH_SIZE = 2**32
+MAX_NUMEL = 2**53
+"""Largest group size: the sensitivity estimates weigh groups by it as a float (exact to 2^53)."""
 _CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 NonNeg = Annotated[float, Field(ge=0)]
 Count = Annotated[int, Field(ge=0)]
+Ms = Annotated[float, Field(ge=0, le=MAX_MS)]
+StepMs = Annotated[float, Field(ge=0, le=MAX_STEP_MS)]
+SqNorm = Annotated[float, Field(ge=0, le=MAX_SQ_NORM)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,11 +81,11 @@ class Stat:
     """Statistics of one measured quantity over the measured steps (milliseconds)."""
 
     __pydantic_config__ = _CONFIG
-    median: NonNeg
+    median: Ms
     """Median over the samples; what the solver uses."""
-    p10: NonNeg
+    p10: Ms
     """10th percentile."""
-    p90: NonNeg
+    p90: Ms
     """90th percentile."""
     n: Count
     """Number of samples."""
@@ -81,10 +100,17 @@ class GroupProfile:
     """Group name, unique within its stage (e.g. `blocks.3`)."""
     params: tuple[str, ...]
     """Names of the parameters in the group."""
-    numel: Count
+    numel: Annotated[int, Field(ge=0, le=MAX_NUMEL)]
     """Number of scalar parameters."""
     weight_grad_ms: Stat
     """Weight-gradient cost of this group in one backward of one microbatch: the time freezing saves."""
+    fingerprint: Annotated[str, Field(pattern=FINGERPRINT_PATTERN)] | None = None
+    """What the group holds, `<element count>-<16 hex digits>`: the digits are the start of the
+    sha256 of its parameters' sorted `[shape, dtype]` list (`freezeopt.formats.fingerprint`).
+    Schedules copy it, and `train`, `FreezeController` and `validate --profile` refuse a model or
+    profile whose group differs (a model of another width). `freezeopt profile` records it;
+    `freezeopt synth` leaves it out (its groups have no tensors), as do profiles written before
+    freezeopt recorded it: without it only the group names are checked."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,6 +146,10 @@ class RankProfile:
     """Rank index."""
     actions: tuple[Annotated[str, Field(pattern=r"^\d+[FBIW]\d+$")], ...]
     """Compute actions in the order the rank executed them."""
+    composites: tuple[tuple[Annotated[str, Field(pattern=r"^\d+[FBIW]\d+$")], ...], ...] = ()
+    """Runs of consecutive `actions` that torch executes as one unit (DualPipeV's overlapped
+    forward and backward, `(aFm;bBn)OVERLAP_F_B`): each run's sends to other ranks leave only
+    after its last action. Empty for schedules without composites."""
     optimizer_ms: Stat | None = None
     """Optimizer-step time on this rank, where measured."""
 
@@ -148,9 +178,9 @@ class GradientTrace:
     """Stage of the group."""
     group: str
     """Group name."""
-    microbatch_sq_norms: tuple[tuple[NonNeg, ...], ...]
+    microbatch_sq_norms: tuple[tuple[SqNorm, ...], ...]
     """Per step, per microbatch: squared L2 norm of the group's gradient of that microbatch's mean loss."""
-    step_sq_norms: tuple[NonNeg, ...]
+    step_sq_norms: tuple[SqNorm, ...]
     """Per step: squared L2 norm of the group's gradient of the step's mean loss (all microbatches)."""
     effective_perturbation: tuple[NonNeg, ...] = ()
     """Per step: APF's |EMA(Δ)|/EMA(|Δ|) of the group's updates (0 = oscillating/converged, 1 = drifting)."""
@@ -165,9 +195,9 @@ class TimelineEntry:
     """The action in torch's notation."""
     rank: Count
     """The rank that ran it."""
-    start_ms: NonNeg
+    start_ms: StepMs
     """Start, ms after the step started (the earliest rank's start)."""
-    end_ms: NonNeg
+    end_ms: StepMs
     """End, ms after the step started."""
 
 
@@ -184,7 +214,7 @@ class Pipeline:
     """Number of stages (model chunks) over all ranks."""
     n_microbatches: Annotated[int, Field(ge=1, le=MAX_MICROBATCHES)]
     """Microbatches per optimizer step."""
-    microbatch_size: Annotated[int, Field(ge=1)] = 1
+    microbatch_size: Annotated[int, Field(ge=1, le=MAX_MICROBATCH_SIZE)] = 1
     """Samples per microbatch."""
 
 
@@ -257,6 +287,13 @@ _ADAPTER: TypeAdapter[Profile] = TypeAdapter(Profile)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 _ESCAPE = json.encoder.encode_basestring_ascii  # C, where the interpreter has it
 _NOT_FINITE = "Out of range float values are not JSON compliant"
+_LEFT_OUT = {"fingerprint": None, "composites": ()}
+"""Dataclass fields a file leaves out when they hold these values (so a profile written before
+freezeopt recorded them is written back byte for byte, and the hashes in its schedules stay valid)."""
+
+
+def _kept(name: str, value: Any) -> bool:
+    return name not in _LEFT_OUT or value != _LEFT_OUT[name]
 
 
 def _fields(kind: type) -> tuple[str, ...] | None:
@@ -282,7 +319,7 @@ def _plain(x: Any, digits: int = 6) -> Any:
         return {k: _plain(v, digits) for k, v in x.items()}
     names = _fields(type(x))
     if names is not None:
-        return {n: _plain(getattr(x, n), digits) for n in names}
+        return {n: _plain(v, digits) for n in names if _kept(n, v := getattr(x, n))}
     return x
 
 
@@ -334,7 +371,7 @@ def _emit(x: Any, nl: str, out: list[str]) -> None:
         if isinstance(x, dict):
             items: Iterable[tuple[Any, Any]] = x.items()
         elif (names := _fields(type(x))) is not None:
-            items = ((n, getattr(x, n)) for n in names)
+            items = ((n, v) for n in names if _kept(n, v := getattr(x, n)))
         else:
             raise _Unusual
         inner = nl + " "
@@ -376,10 +413,20 @@ def profile_sha256(profile: Profile) -> str:
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
-    """Write a profile atomically."""
-    from freezeopt.fileio import atomic_write_text
+    """Write a profile atomically, and only one `load_profile` reads back: the text is validated
+    as the loader validates it first (InputError, nothing written, where it would be refused)."""
+    from freezeopt.fileio import atomic_write_text, non_finite
 
-    atomic_write_text(Path(path), dump_profile(profile))
+    source = f"profile {path} (not written)"
+    try:
+        text = dump_profile(profile)
+    except ValueError:  # a NaN or infinity, which JSON cannot hold: say where
+        where, v = non_finite(_plain(profile), "") or ("", math.nan)
+        raise InputError(
+            f"{source}: invalid profile at {where.lstrip('.')}: {v} is not a finite number"
+        ) from None
+    parse_profile(json.loads(text), source=source)
+    atomic_write_text(Path(path), text)
 
 
 def parse_profile(data: Any, *, source: str = "profile") -> Profile:
@@ -402,9 +449,15 @@ def parse_profile(data: Any, *, source: str = "profile") -> Profile:
     except ValidationError as e:
         from freezeopt.fileio import invalid_file
 
+        over = _over_limit(e)
+        if over is not None:
+            raise InputError(f"{source}: {over}") from None
         fields = "`freezeopt schema profile` and docs/profile.md"
         raise invalid_file(source, "profile", e, fields=fields) from None
     _check_traces(profile, source)
+    problem = _number_problem(profile)
+    if problem is not None:
+        raise InputError(f"{source}: {problem}")
     return profile
 
 
@@ -429,6 +482,58 @@ def _check_traces(profile: Profile, source: str) -> None:
             raise InputError(
                 f"{at} has a step with {len(short)} microbatch norms; the pipeline has {m} microbatches"
             )
+
+
+def _number_problem(profile: Profile) -> str | None:
+    """What is wrong with a validated profile's numbers that its types cannot say, or None: a NaN
+    or infinity in a free-form field (`provenance.job`, `extra`; pydantic refuses them in the
+    typed ones, and values past `MAX_MS` and the other limits), or action costs that are all 0."""
+    from freezeopt.fileio import non_finite
+
+    for where, free in (("provenance.job", profile.provenance.job), ("extra", profile.extra)):
+        found = non_finite(free, where)
+        if found is not None:
+            return (
+                f"invalid profile at {found[0]}: {found[1]} is not a finite number (every "
+                "number in a profile must be finite)"
+            )
+    if profile.actions and not any(a.cost_ms.median > 0 for a in profile.actions):
+        return (
+            "every action costs 0 ms: there is nothing to optimise; re-profile the job "
+            "(`freezeopt profile`) or synthesise one with positive costs (`freezeopt synth`)"
+        )
+    return None
+
+
+_LIMITS: dict[float, str] = {
+    MAX_MS: "ms a profile's times may be (the solver adds them up along the pipeline's paths); "
+    "check the units (milliseconds)",
+    MAX_STEP_MS: "ms a step may take",
+    MAX_SQ_NORM: "the sensitivity estimates can take (larger ones overflow their arithmetic); the "
+    "run it came from diverged, re-profile it",
+    MAX_MICROBATCH_SIZE: "samples a microbatch may hold",
+    MAX_NUMEL: "parameters a group may hold (the sensitivity estimates weigh groups by it as a float)",
+}
+"""Why each of the limits is there, for the one line that refuses a value past it."""
+
+
+def _over_limit(error: ValidationError) -> str | None:
+    """pydantic's first complaint, where it is a value past one of `_LIMITS`: which and why."""
+    err = error.errors()[0]
+    limit = err.get("ctx", {}).get("le") if err["type"] == "less_than_equal" else None
+    if limit not in _LIMITS:
+        return None
+    v = err["input"]
+    said = f"{v:g}" if isinstance(v, float) else short(v)  # an int may have 400 digits
+    where = ".".join(str(p) for p in err["loc"])
+    return f"invalid profile at {where}: {said} is over the {_e(limit)} {_LIMITS[limit]}"
+
+
+def _e(limit: float) -> str:
+    """A limit as a message says it: 1e9, not 1e+09; 4,294,967,296 for a count."""
+    if isinstance(limit, int):
+        return f"{limit:,}"
+    return f"{limit:.0e}".replace("e+0", "e").replace("e+", "e")
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -21,7 +21,8 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from freezeopt.errors import InputError, MismatchError, option, short
 from freezeopt.fileio import atomic_write_text, invalid_file, load_yaml_file
-from freezeopt.formats.profile import MAX_MICROBATCHES, MAX_RANKS, Profile
+from freezeopt.formats.fingerprint import FINGERPRINT_PATTERN
+from freezeopt.formats.profile import MAX_MICROBATCHES, MAX_RANKS, MAX_STEP_MS, Profile
 
 __all__ = [
     "SCHEDULE_VERSION",
@@ -39,6 +40,7 @@ __all__ = [
     "parse_microbatches",
     "parse_schedule",
     "pipeline_difference",
+    "profile_fingerprints",
     "save_schedule",
     "schedule_json_schema",
     "schedule_sha256",
@@ -96,6 +98,15 @@ class SchedulePipeline:
     """Rank of each stage."""
     groups: tuple[tuple[str, ...], ...]
     """Per stage, its parameter group names."""
+    fingerprints: (
+        tuple[tuple[Annotated[str, Field(pattern=FINGERPRINT_PATTERN)], ...], ...] | None
+    ) = None
+    """Per stage, per group of `groups`: the fingerprint of the group's parameters
+    (`<element count>-<16 hex digits>`), copied from the profile it was solved from. `train`,
+    `FreezeController.check_groups` (which `enable_freezing` calls) and `validate --profile` refuse a
+    model or profile whose groups hold other parameters (another width, say). Absent where the
+    profile had none for some group (`freezeopt synth`'s, profiles written before freezeopt
+    recorded them): then only the group names are checked."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,6 +307,8 @@ def dump_schedule(schedule: Schedule) -> str:
         del data["ratios"]
     if data["prediction"]["bound_from_lp"] is None:  # an older file read back: left unsaid
         del data["prediction"]["bound_from_lp"]
+    if data["pipeline"]["fingerprints"] is None:  # solved from a profile without them
+        del data["pipeline"]["fingerprints"]
     header = (
         "# freezeopt schedule: which parameter groups to freeze in which microbatches.\n"
         "# Made by `freezeopt solve`; check it with `freezeopt validate`. Format: docs/schedule.md\n"
@@ -353,11 +366,30 @@ def parse_schedule(data: Any, *, source: str = "schedule") -> Schedule:
     except ValidationError as e:
         fields = "`freezeopt schema schedule` and docs/schedule.md"
         raise invalid_file(source, "schedule", e, fields=fields) from None
+    most = f"{MAX_STEP_MS:.0e}".replace("e+", "e")
+    for name in ("baseline_ms", "all_frozen_ms", "lp_bound_ms", "predicted_ms"):
+        if (v := getattr(sched.prediction, name)) > MAX_STEP_MS:  # the runtime scales them
+            raise InputError(
+                f"{source}: invalid schedule at prediction.{name}: {v:g} ms is over the {most} "
+                "ms a step may take (what `freezeopt solve` writes is below it); re-solve the profile"
+            )
     pipe = sched.pipeline
     if len(pipe.stage_to_rank) != pipe.n_stages or len(pipe.groups) != pipe.n_stages:
         raise InputError(
             f"{source}: pipeline lists {len(pipe.stage_to_rank)} ranks and {len(pipe.groups)} group lists for {pipe.n_stages} stages"
         )
+    if pipe.fingerprints is not None:
+        if len(pipe.fingerprints) != pipe.n_stages:
+            raise InputError(
+                f"{source}: pipeline.fingerprints lists {len(pipe.fingerprints)} stages for "
+                f"{pipe.n_stages}; give one list per stage (or leave fingerprints out)"
+            )
+        for s, (stage_groups, fps) in enumerate(zip(pipe.groups, pipe.fingerprints, strict=True)):
+            if len(fps) != len(stage_groups):
+                raise InputError(
+                    f"{source}: pipeline.fingerprints has {len(fps)} for stage {s}'s "
+                    f"{len(stage_groups)} groups; give one per group (or leave fingerprints out)"
+                )
     off = [r for r in pipe.stage_to_rank if r >= pipe.world_size]
     if off:
         raise InputError(
@@ -407,6 +439,8 @@ class PipelineShape:
     stage_to_rank: tuple[int, ...]
     groups: tuple[tuple[str, ...], ...] | None
     """Per stage, its groups' names (None: not known, not compared)."""
+    fingerprints: tuple[tuple[str, ...], ...] | None = None
+    """Per stage, its groups' fingerprints (None: not known for every group, not compared)."""
 
     @classmethod
     def of_profile(cls, profile: Profile) -> PipelineShape:
@@ -418,13 +452,27 @@ class PipelineShape:
             n_microbatches=pp.n_microbatches,
             stage_to_rank=tuple(st.rank for st in profile.stages),
             groups=tuple(tuple(g.name for g in st.groups) for st in profile.stages),
+            fingerprints=profile_fingerprints(profile),
         )
+
+
+def profile_fingerprints(profile: Profile) -> tuple[tuple[str, ...], ...] | None:
+    """Per stage, the fingerprints of its groups, or None when some group has none (what a
+    schedule solved from `profile` records)."""
+    out: list[tuple[str, ...]] = []
+    for st in profile.stages:
+        row = tuple(g.fingerprint for g in st.groups if g.fingerprint is not None)
+        if len(row) != len(st.groups):
+            return None
+        out.append(row)
+    return tuple(out)
 
 
 def pipeline_difference(schedule: Schedule, other: PipelineShape) -> tuple[str, Any, Any] | None:
     """The first way `other` differs from the pipeline `schedule` was made for, as (what, value in
     the schedule, value in `other`), or None when they are the same pipeline. The one fit check:
-    validate, simulate, train and re-plans all ask it."""
+    validate, simulate, train and re-plans all ask it. Fingerprints are compared where both sides
+    have them (and the group lists agree): a group's differs when it holds other parameters."""
     sp = schedule.pipeline
     want: dict[str, tuple[Any, Any]] = {
         "schedule": (sp.schedule, other.schedule),
@@ -438,6 +486,17 @@ def pipeline_difference(schedule: Schedule, other: PipelineShape) -> tuple[str, 
         want.update(
             {f"stage {s}'s group list": (list(a), list(b)) for s, (a, b) in enumerate(pairs)}
         )
+        if sp.fingerprints is not None and other.fingerprints is not None:
+            want.update(
+                {
+                    f"the fingerprint (element count-hash of shapes and dtypes) of stage {s}'s "
+                    f"group {name}": (a, b)
+                    for s, (names, fa, fb) in enumerate(
+                        zip(sp.groups, sp.fingerprints, other.fingerprints, strict=False)
+                    )
+                    for name, a, b in zip(names, fa, fb, strict=False)
+                }
+            )
     return next(((what, a, b) for what, (a, b) in want.items() if a != b), None)
 
 

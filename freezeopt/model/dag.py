@@ -8,7 +8,10 @@ One node per compute action. Edges say what must finish before an action may sta
   precedes that of stage s, and the last stage's forward precedes its own backward;
 * local dependencies: `F(s, m)` precedes the backward of `(s, m)`, and `I(s, m) → W(s, m)`.
 
-Cross-rank edges carry the profile's point-to-point lag. Only `B` and `W` actions hold
+Cross-rank edges carry the profile's point-to-point lag. An action inside a composite (a run
+torch executes as one unit, DualPipeV's `(aFm;bBn)OVERLAP_F_B`) sends to other ranks only when
+the whole run is done: its cross-rank edges leave from the run's last action (hand-offs to a
+stage on the same rank stay where they are, as in torch). Only `B` and `W` actions hold
 weight-gradient work, so only they are freezable; each carries its stage's per-group costs.
 """
 
@@ -180,12 +183,15 @@ def build_dag(profile: Profile) -> PipelineDag:
         (lg.src_stage, lg.dst_stage, lg.kind): lg.ms.median for lg in profile.lags
     }
     stage = [a.stage for a in nodes]
+    sends_after = _composite_ends(profile, rank_actions, act)
     edges: list[tuple[int, int, float]] = []
 
     def edge(u: int, v: int, kind: str) -> None:
         su, sv = stage[u], stage[v]
-        cross = stage_rank[su] != stage_rank[sv]
-        edges.append((u, v, lag.get((su, sv, kind), 0.0) if cross else 0.0))
+        if stage_rank[su] == stage_rank[sv]:
+            edges.append((u, v, 0.0))
+        else:
+            edges.append((sends_after.get(u, u), v, lag.get((su, sv, kind), 0.0)))
 
     first = 0
     for acts in rank_actions:
@@ -226,6 +232,37 @@ def build_dag(profile: Profile) -> PipelineDag:
         group_cost=group_cost,
         n_microbatches=n_mb,
     )
+
+
+def _composite_ends(
+    profile: Profile,
+    rank_actions: list[tuple[Action, ...]],
+    act: Mapping[tuple[int, str, int], int],
+) -> dict[int, int]:
+    """Each action inside a composite → the composite's last action (as positions in the nodes),
+    after checking that every composite is a run of at least two consecutive actions of its rank."""
+    ends: dict[int, int] = {}
+    seen: set[Action] = set()
+    for rp, acts in zip(profile.ranks, rank_actions, strict=True):
+        pos = {a: i for i, a in enumerate(acts)}
+        for texts in rp.composites:
+            run = [parse_action(t) for t in texts]
+            first = pos.get(run[0], -1)
+            if len(run) < 2 or [pos.get(a) for a in run] != list(range(first, first + len(run))):
+                raise InputError(
+                    f"rank {rp.rank}: composite {';'.join(texts)} is not a run of two or more "
+                    "consecutive actions of that rank; re-profile or remove it from `composites`"
+                )
+            twice = seen.intersection(run)
+            if twice:
+                raise InputError(
+                    f"rank {rp.rank}: action {min(twice)} is in two composites; an action runs in one"
+                )
+            seen.update(run)
+            last = act[(run[-1].stage, run[-1].kind, run[-1].microbatch)]
+            for a in run[:-1]:
+                ends[act[(a.stage, a.kind, a.microbatch)]] = last
+    return ends
 
 
 def _step_order(nodes: list[Action], edges: list[tuple[int, int, float]]) -> list[int]:

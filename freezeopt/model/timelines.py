@@ -9,7 +9,6 @@ step), so what ran can be drawn beside what was predicted (`gantt_panels`, `free
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from freezeopt.actions import Action, parse_action
 from freezeopt.errors import InputError, MismatchError
 from freezeopt.fileio import check_output_file, read_text_file
-from freezeopt.formats.profile import load_profile, profile_sha256
+from freezeopt.formats.profile import MAX_STEP_MS, load_profile, profile_sha256
 from freezeopt.formats.schedule import check_fits, load_schedule
 from freezeopt.model.dag import PipelineDag, build_dag, schedule_plan
 from freezeopt.model.simulate import Timeline, simulate
@@ -112,14 +111,14 @@ def load_action_log(path: Path, dag: PipelineDag, *, schedule: str) -> tuple[Mea
             for entry in sec["timeline"]:
                 a = parse_action(entry["action"])
                 start[a], end[a] = float(entry["start_ms"]), float(entry["end_ms"])
-                if not 0 <= start[a] <= end[a] < math.inf:
+                if not 0 <= start[a] <= end[a] <= MAX_STEP_MS:
                     raise ValueError(
                         f"{a} runs from {entry['start_ms']} to {entry['end_ms']} ms; times are "
-                        "finite, non-negative, and an action ends after it starts"
+                        "finite, non-negative (at most 1e18 ms), and an action ends after it starts"
                     )
                 frozen[a] = tuple(entry.get("frozen", ()))
             step = int(sec["step"])
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # `1e999` reads as inf
             raise InputError(f"action log {path}: malformed {kind!r} section ({e})") from None
         missing = [str(a) for a in dag.order if a not in start]
         if missing or len(start) != len(dag.order):
@@ -244,13 +243,18 @@ def simulate_summary(rep: SimulateReport, gantt: Path | None) -> dict[str, Any]:
     }
 
 
+def _speedup(baseline_ms: float, ms: float) -> str:
+    """`1.234x`, or what a step of 0 ms is (every action's work frozen away): no ratio."""
+    return f"{baseline_ms / ms:.3f}x" if ms > 0 else "no step time left"
+
+
 def format_simulate(rep: SimulateReport, gantt: Path | None) -> str:
     """What `freezeopt simulate` prints for people."""
     tl, base = rep.timeline, rep.baseline
     path = [str(a) for a in tl.critical_path]
     lines = [
         f"no freezing  {base.makespan:10.2f} ms",
-        f"schedule     {tl.makespan:10.2f} ms   ({base.makespan / tl.makespan:.3f}x)",
+        f"schedule     {tl.makespan:10.2f} ms   ({_speedup(base.makespan, tl.makespan)})",
     ]
     for m in rep.measured:
         what = "freezing step" if m.kind == "freeze" else "full-update step"

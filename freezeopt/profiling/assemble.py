@@ -114,8 +114,8 @@ class RankResult:
     losses: tuple[float, ...]
     """Mean microbatch loss of every step, warm-up included (last-stage rank only)."""
     val_loss: tuple[float, ...]
-    groups: tuple[tuple[int, str, tuple[str, ...], int], ...]
-    """(stage, group, parameter names, numel)."""
+    groups: tuple[tuple[int, str, tuple[str, ...], int, str], ...]
+    """(stage, group, parameter names, numel, fingerprint)."""
     mb_sq: dict[tuple[int, str], tuple[tuple[float, ...], ...]]
     step_sq: dict[tuple[int, str], tuple[float, ...]]
     apf: dict[tuple[int, str], tuple[float, ...]]
@@ -249,7 +249,9 @@ def assemble(
 
     # stages and groups
     rank_of_stage = plan.stage_rank
-    group_meta = {(s, g): (names, numel) for r in results for s, g, names, numel in r.groups}
+    group_meta = {
+        (s, g): (names, numel, fp) for r in results for s, g, names, numel, fp in r.groups
+    }
     rounds = {s: d for r in results for s, d in r.cost_rounds.items()}
     modes = {s: m for r in results for s, m in r.cost_modes.items()}
     stages: list[StageProfile] = []
@@ -285,6 +287,7 @@ def assemble(
                 name=g,
                 params=group_meta[(s, g)][0],
                 numel=group_meta[(s, g)][1],
+                fingerprint=group_meta[(s, g)][2],
                 weight_grad_ms=_stat(rounds[s][g], scale=scale),
             )
             for g in names
@@ -316,6 +319,7 @@ def assemble(
         RankProfile(
             rank=r,
             actions=tuple(str(a) for a in executed[r]),
+            composites=_composites(plan.composites[r], executed[r]),
             optimizer_ms=_stat(results[r].optimizer_ms),
         )
         for r in range(job.ranks)
@@ -545,3 +549,17 @@ def _lags(
                 "pingpong_one_way_ms": statistics.median(pp) if pp else None,
             }
     return lags, detail
+
+
+def _composites(
+    runs: tuple[tuple[Action, ...], ...], executed: Sequence[Action]
+) -> tuple[tuple[str, ...], ...]:
+    """The plan's composites that ran as runs of consecutive actions (torch runs them so; an
+    order that differed from the plan is reported under `order_check` and keeps only these)."""
+    pos = {a: i for i, a in enumerate(executed)}
+    return tuple(
+        tuple(str(a) for a in run)
+        for run in runs
+        if all(a in pos for a in run)
+        and [pos[a] for a in run] == list(range(pos[run[0]], pos[run[0]] + len(run)))
+    )

@@ -22,7 +22,8 @@ for a CSV order). After `warmup_steps` steps it measures `measure_steps` steps:
 * gradients: each microbatch's gradient is captured exactly by moving `.grad` aside after every
   backward action (so each action starts from `grad=None` and produces that microbatch's gradient
   alone); after the step the profiler sums them, divides by the number of microbatches (what
-  torch's `scale_grads` does) and hands the mean to AdamW. Per group and step it records the
+  torch's `scale_grads` does) and hands the mean to AdamW (copies of a tied weight first get the
+  sum of their gradients, `RankPipeline.sync_tied_grads`). Per group and step it records the
   squared norm of each microbatch's gradient and of the mean — what the gradient-noise-scale
   estimator needs — and APF's effective perturbation Σ|EMA(Δ)| / ΣEMA(|Δ|) of the group's updates
   (EMA factor 0.9, i.e. a window of about 10 steps, tracked from the first step). This holds every
@@ -59,8 +60,12 @@ Failure handling: a rank that raises reports its error and every rank is stopped
 makes no progress for `hang_timeout_s` (stuck in an action, or every rank waiting) is declared hung
 and every rank is stopped. Either way one `RankFailedError` names the rank and the cause, and no
 profile is written. Ranks write their stdout/stderr to a temporary log, named in the error.
+A run that diverges stops at the first step whose training loss or a gradient norm is not finite
+(or at a non-finite validation loss after training) with one `DivergedError` (exit code 6), and no
+profile is written: a diverged run's measurements mean nothing, and NaN has no place in the file.
 `fault="crash:rank=R,step=S"` (or `hang:...`, or the FREEZEOPT_FAULT environment variable) makes
-rank R fail in its first forward of step S (0-based, warm-up steps included); it is for tests.
+rank R fail in its first forward of step S (0-based, warm-up steps included), and
+`nan_loss:step=S[,steps=N]` makes the loss of those steps NaN; they are for tests.
 
 Modules: launching and supervising the ranks is `freezeopt.torchpp.launch` (shared with `freezeopt train`),
 building a rank's pipeline `freezeopt.torchpp.pipeline`, and turning the ranks' measurements into the file
@@ -70,6 +75,7 @@ building a rank's pipeline `freezeopt.torchpp.pipeline`, and turning the ranks' 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import signal
 import socket
@@ -79,7 +85,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from freezeopt.errors import InputError
+from freezeopt.errors import DivergedError, InputError
 from freezeopt.fileio import check_output_file
 from freezeopt.formats.profile import save_profile
 from freezeopt.profiling.assemble import (
@@ -142,7 +148,8 @@ def profile_job(
     replaces job fields (e.g. `{"schedule": "ZBVZeroBubble", "stages_per_rank": 2}`). Spawns
     `job.ranks` processes, unless running under torchrun (RANK and WORLD_SIZE set), where this
     process is one rank, every rank gets the report and rank 0 writes the file. Raises InputError for a bad job and
-    RankFailedError when a rank crashes or hangs; no file is written then.
+    RankFailedError when a rank crashes or hangs, DivergedError at the first non-finite loss or
+    gradient; no file is written then.
     """
     t_start = time.monotonic()
     job = open_job(job_path_or_spec, overrides)
@@ -180,13 +187,15 @@ def profile_job(
 
 def _one_rank_fault(text: str) -> Fault | None:
     """The rank fault `text` names (test-only; `freezeopt.torchpp.faults`), at most one."""
-    faults = parse_faults(text, kinds=RANK_FAULTS, hint=PROFILE_FAULT_HINT)
+    faults = parse_faults(text, kinds=(*RANK_FAULTS, "nan_loss"), hint=PROFILE_FAULT_HINT)
     if len(faults) > 1:
         raise InputError(f"fault {text!r}: profiling injects one fault; {PROFILE_FAULT_HINT}")
     return faults[0] if faults else None
 
 
-PROFILE_FAULT_HINT = "write e.g. crash:rank=1,step=2, kill:rank=1,step=2 or hang:rank=0,step=3"
+PROFILE_FAULT_HINT = (
+    "write e.g. crash:rank=1,step=2, kill:rank=1,step=2, hang:rank=0,step=3 or nan_loss:step=2"
+)
 
 
 def format_report(report: ProfileReport) -> str:
@@ -307,7 +316,13 @@ class _Runner:
     def _make_around(self, s: int) -> Callable[[str, int, Callable[[], Any]], Any]:
         def around(kind: str, mb: int, run: Callable[[], Any]) -> Any:
             f = self.fault
-            if f is not None and kind == "F" and f.rank == self.rank and f.step == self.step_idx:
+            if (
+                f is not None
+                and f.kind in RANK_FAULTS
+                and kind == "F"
+                and f.rank == self.rank
+                and f.step == self.step_idx
+            ):
                 self.fault = None
                 self.beat.computing(s, kind, mb)
                 if f.kind == "crash":
@@ -339,6 +354,9 @@ class _Runner:
     def _loss(self, output: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
         tok = self.clock.start()
         loss = self.loss_fn(output, target, *args, **kwargs)
+        f = self.fault
+        if f is not None and f.kind == "nan_loss" and f.step <= self.step_idx < f.step + f.steps:
+            loss = loss * float("nan")  # injected (test-only): a diverged step
         rec, self.pending_loss = self.pending_loss, None
         if rec is not None:
             rec[5] = time.perf_counter()
@@ -434,6 +452,11 @@ class _Runner:
                 rec[6] = self.clock.resolve(rec[6])
             if job.gradient_traces:
                 norms = self._combine_grads()
+            loss = None
+            if self.has_last:
+                loss = float(torch.stack([lo.detach().float() for lo in mb_losses]).mean())
+            self._stop_if_diverged(step, total, loss, norms if job.gradient_traces else None)
+            self.rp.sync_tied_grads()  # tied weights (e.g. shared embeddings): one gradient
             before = [p.detach().clone() for s in self.my for p in self.params[s]]
             tok = self.clock.start()
             ow = time.perf_counter()
@@ -443,8 +466,8 @@ class _Runner:
             ow = time.perf_counter() - ow
             oc = self.clock.resolve(opt_cost)
             pert = self._apf(before)
-            if self.has_last:
-                losses.append(float(torch.stack([lo.detach().float() for lo in mb_losses]).mean()))
+            if loss is not None:
+                losses.append(loss)
             if self.recording:
                 bounds.append((t0, t1))
                 opt_ms.append(oc)
@@ -464,6 +487,11 @@ class _Runner:
         pingpong, shapes = self._pingpong()
         self.beat.tick(3 + total)
         val_after = self._val_loss()
+        if val_after is not None and not math.isfinite(val_after):
+            raise DivergedError(
+                f"the validation loss after the last of {total} steps was {val_after}: the run "
+                f"diverged, so no profile was written; {self._diverged_hint()}"
+            )
         self.beat.tick(4 + total)
         val = (val_before, val_after) if self.has_last and job.val_batches > 0 else ()
         return RankResult(
@@ -491,6 +519,43 @@ class _Runner:
             data_provenance=dict(self.data.provenance) if self.rank == 0 else {},
             warnings=tuple(self.warnings),
         )
+
+    def _stop_if_diverged(
+        self,
+        step: int,
+        total: int,
+        loss: float | None,
+        norms: dict[tuple[int, str], tuple[tuple[float, ...], float]] | None,
+    ) -> None:
+        """Stop at the first step whose loss (known on the last stage's rank) or one of whose
+        gradient norms (on any rank) is not finite: a diverged run's measurements mean nothing,
+        and its NaNs have no place in a profile. Every rank learns it (one all-reduce of two
+        flags, outside the timed step); the last stage's rank raises `DivergedError`, which
+        `run_ranks` reports as it is, and the other ranks stop when it does."""
+        import torch
+        import torch.distributed as dist
+
+        bad_loss = loss is not None and not math.isfinite(loss)
+        bad_grad = norms is not None and not all(
+            math.isfinite(v) for mbs, st in norms.values() for v in (*mbs, st)
+        )
+        flags = torch.tensor([float(bad_loss), float(bad_grad)], device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        got_loss, got_grad = (bool(x) for x in flags.tolist())
+        if not self.has_last or not (got_loss or got_grad):
+            return
+        what = (
+            f"the training loss was {loss}"
+            if got_loss
+            else f"a gradient was not finite (the loss was {loss:g})"
+        )
+        raise DivergedError(
+            f"{what} at step {step} of {total} (counting from 0, warm-up included): the run "
+            f"diverged, so profiling stopped there and no profile was written; {self._diverged_hint()}"
+        )
+
+    def _diverged_hint(self) -> str:
+        return f"lower the learning rate (lr: {self.job.lr:g}) or check the model and its data"
 
     def _combine_grads(self) -> dict[tuple[int, str], tuple[tuple[float, ...], float]]:
         """Sum the stashed per-microbatch gradients into `.grad` (mean over microbatches); return norms."""

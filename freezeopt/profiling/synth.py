@@ -31,7 +31,9 @@ from freezeopt.actions import Action, parse_action
 from freezeopt.errors import InputError, option
 from freezeopt.fileio import read_text_file
 from freezeopt.formats.profile import (
+    MAX_MICROBATCH_SIZE,
     MAX_MICROBATCHES,
+    MAX_MS,
     MAX_RANKS,
     ActionCost,
     GradientTrace,
@@ -53,6 +55,9 @@ MAX_TRACE_STEPS = 1024
 MAX_SYNTH_VALUES = 2**28
 """Bounds checked before anything is allocated: the largest profile the solver benchmarks use
 (64 stages × 256 microbatches × 8 groups × 4 trace steps) holds 2^19 values."""
+MAX_SYNTH_MS = MAX_MS / 10  # 1e8, as the messages say
+"""Largest stage cost (`forward_ms`, `backward_ms` times the stage factors) and lag: the noise on
+top of them (at most 0.5 relative) keeps every time in the profile within `MAX_MS`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,17 +135,19 @@ def synth_profile(opts: SynthOptions) -> Profile:
     """Build a synthetic profile from `opts` (deterministic for a given seed)."""
     if opts.schedule.lower().endswith(".csv"):
         rank_acts = load_csv_schedule(opts.schedule)
+        runs: tuple[tuple[tuple[Action, ...], ...], ...] = tuple(() for _ in rank_acts)
         sched_name = f"csv:{Path(opts.schedule).name}"
     else:
-        from freezeopt.torchpp.adapter import default_stages_per_rank, schedule_actions
+        from freezeopt.torchpp.adapter import (
+            default_stages_per_rank,
+            schedule_actions,
+            schedule_composites,
+        )
 
         spr = opts.stages_per_rank or default_stages_per_rank(opts.schedule)
-        rank_acts = schedule_actions(
-            opts.schedule,
-            world_size=opts.ranks,
-            stages_per_rank=spr,
-            n_microbatches=opts.microbatches,
-        )
+        shape = dict(world_size=opts.ranks, stages_per_rank=spr, n_microbatches=opts.microbatches)
+        rank_acts = schedule_actions(opts.schedule, **shape)
+        runs = schedule_composites(opts.schedule, **shape)
         sched_name = opts.schedule
     all_acts = [a for r in rank_acts for a in r]
     n_st = max(a.stage for a in all_acts) + 1
@@ -251,7 +258,11 @@ def synth_profile(opts: SynthOptions) -> Profile:
             microbatch_size=opts.microbatch_size,
         ),
         ranks=tuple(
-            RankProfile(rank=r, actions=tuple(str(a) for a in acts))
+            RankProfile(
+                rank=r,
+                actions=tuple(str(a) for a in acts),
+                composites=tuple(tuple(str(a) for a in run) for run in runs[r]),
+            )
             for r, acts in enumerate(rank_acts)
         ),
         actions=tuple(costs),
@@ -297,10 +308,21 @@ def _check(o: SynthOptions) -> None:
         raise InputError(
             f"{option('last_stage_factor')} must be positive, {option('lag_ms')} and {option('trace_steps')} non-negative"
         )
+    biggest = max(o.forward_ms, o.backward_ms) * o.last_stage_factor * (1 + o.jitter)
+    room = "a tenth of the 1e9 ms limit on a profile's times (docs/profile.md), leaving room for the noise"
+    if biggest > MAX_SYNTH_MS:
+        raise InputError(
+            f"the largest stage cost, max({option('forward_ms')}, {option('backward_ms')}) × "
+            f"{option('last_stage_factor')} × (1 + {option('jitter')}), is {biggest:g} ms; it "
+            f"must be at most 1e8 ms: {room}"
+        )
+    if o.lag_ms > MAX_SYNTH_MS:
+        raise InputError(f"{option('lag_ms')} must be at most 1e8 ms (got {o.lag_ms:g}): {room}")
     for k, most in (
         ("ranks", MAX_RANKS),
         ("stages_per_rank", MAX_RANKS),
         ("microbatches", MAX_MICROBATCHES),
+        ("microbatch_size", MAX_MICROBATCH_SIZE),
         ("groups", MAX_GROUPS),
         ("trace_steps", MAX_TRACE_STEPS),
     ):

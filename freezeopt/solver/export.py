@@ -18,6 +18,7 @@ from freezeopt.formats.schedule import (
     SchedulePipeline,
     ScheduleProvenance,
     format_microbatches,
+    profile_fingerprints,
 )
 from freezeopt.model.dag import PipelineDag
 from freezeopt.solver.problem import SolveOptions, SolveResult
@@ -36,7 +37,8 @@ def schedule_from_result(
     realisation: Realisation | None = None,
     label: str | None = None,
 ) -> Schedule:
-    """The schedule file for a solve result."""
+    """The schedule file for a solve result (the groups' fingerprints copied from `profile`, where
+    it has them for every group)."""
     frozen: dict[int, dict[str, list[int]]] = {}
     ratios: dict[int, dict[str, dict[int, float]]] = {}
     for (a, g), xv in result.frozen.items():
@@ -69,6 +71,7 @@ def schedule_from_result(
             n_microbatches=profile.pipeline.n_microbatches,
             stage_to_rank=stage_to_rank,
             groups=dag.group_names,
+            fingerprints=profile_fingerprints(profile),
         ),
         phases=phases,
         prediction=Prediction(

@@ -6,19 +6,21 @@ if it is still running at the deadline. Why: HiGHS checks its time limit, and ca
 callbacks, only between steps of a MIP's root node. At 1F1B 16×64 with 8 groups the first step of
 `milp`'s phase 2 (presolve and the root LP for the signal objective) takes about 9 s, so phase 2
 solved in-process ran 5 s past `--time-limit` (benchmarks/solver.md, run J). Writing that model
-(2.4 MB) and starting the child take about 0.2 s.
+(2.4 MB) and starting the child take about 0.2 s. The child and its files go with the solve
+however it ends (`freezeopt.procs`).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from freezeopt import procs
 
 __all__ = ["STOPPED", "solve_mip_until"]
 
@@ -35,8 +37,7 @@ def solve_mip_until(
     """Solve the MIP in `h` from `start` until `deadline` (`time.perf_counter()` seconds). Returns
     HiGHS's model status as text (`Optimal`, `Time limit reached`, …; `STOPPED` when killed) and
     the column values, or None without a solution."""
-    with tempfile.TemporaryDirectory(prefix="freezeopt-mip-") as tmp:
-        d = Path(tmp)
+    with procs.scratch("mip") as d:
         h.writeModel(str(d / "model.mps"))
         np.save(d / "start.npy", np.asarray(start, dtype=float))
         left = deadline - time.perf_counter()
@@ -49,13 +50,12 @@ def solve_mip_until(
             repr(gap),
             str(threads),
         ]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=max(left, 0.0))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            return STOPPED, None
+        # its own process group, killed on leaving (an answer, the deadline, an error, a signal)
+        with procs.child(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+            try:
+                proc.wait(timeout=max(left, 0.0))
+            except subprocess.TimeoutExpired:
+                return STOPPED, None
         status_file = d / "status.txt"
         if proc.returncode != 0 or not status_file.exists():
             return f"child exited with {proc.returncode}", None

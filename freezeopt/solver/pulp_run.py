@@ -5,8 +5,10 @@ Why its own module: each solver needs care that has nothing to do with the model
 time limit only between steps, so a watchdog stops it (`CbcWatchdog`); PuLP reports "Optimal" when
 CBC stops at its time limit with an incumbent, so the status comes from `sol_status` (`run_pulp`);
 PuLP's HiGHS ignores initial values, so a MIP start is handed to HiGHS here; and HiGHS keeps one
-process-wide thread scheduler, reset before each model. `freezeopt.solver.modes` poses the models and
-reads the answers; the array-built LP (`freezeopt.solver.lp_arrays`) talks to highspy directly.
+process-wide thread scheduler, reset before each model. CBC runs as a `freezeopt.procs` child with
+its files in a scratch folder (`_Cbc`), so neither outlives the solve, however it ends.
+`freezeopt.solver.modes` poses the models and reads the answers; the array-built LP
+(`freezeopt.solver.lp_arrays`) talks to highspy directly.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import contextlib
 import math
 import os
 import signal as signals
+import subprocess
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pulp
 
+from freezeopt import procs
 from freezeopt.errors import SolverError
 from freezeopt.fileio import atomic_write_with, stdout_to_stderr
 
@@ -161,7 +165,7 @@ def pulp_solver(
     path = coin_api.PULP_CBC_CMD.pulp_cbc_path
     if not os.access(path, os.X_OK):
         path = coin_api.cbc_path
-    solver = pulp.COIN_CMD(
+    solver = _Cbc(
         path=path,
         msg=False,
         timeLimit=time_limit,
@@ -175,6 +179,48 @@ def pulp_solver(
             "CBC is not available: install pulp==3.3.2 (it bundles CBC) or use --solver highs"
         )
     return solver
+
+
+class _Cbc(pulp.COIN_CMD):
+    """PuLP's COIN_CMD, with CBC started through `freezeopt.procs.child` (its own process group,
+    killed when the solve is left however it is left, and by the kernel if freezeopt is killed)
+    and its files in a `freezeopt.procs.scratch` folder removed afterwards (PuLP's own leaves them
+    in the temp folder when CBC fails or is stopped). The command line is the one PuLP 3.3's
+    `solve_CBC` builds for the options `pulp_solver` passes."""
+
+    def solve_CBC(self, lp: pulp.LpProblem, use_mps: bool = True) -> int:
+        if not self.executable(self.path):
+            raise pulp.PulpSolverError(f"Pulp: cannot execute {self.path}")
+        with procs.scratch("cbc") as d:
+            mps, sol, mst = (str(d / f"model.{ext}") for ext in ("mps", "sol", "mst"))
+            vs, var_names, con_names, _ = lp.writeMPS(mps, rename=1)
+            args = [self.path, mps]
+            if lp.sense == pulp.LpMaximize:
+                args.append("-max")
+            if self.optionsDict.get("warmStart", False):
+                self.writesol(mst, lp, vs, var_names, con_names)
+                args += ["-mips", mst]
+            if self.timeLimit is not None:
+                args += ["-sec", f"{self.timeLimit}"]
+            for option in self.options + self.getOptions():
+                args += f"-{option}".split()
+            args += ["-solve" if self.mip else "-initialSolve", "-printingOptions", "all"]
+            args += ["-solution", sol]
+            out = None if self.msg else subprocess.DEVNULL
+            with procs.child(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out) as cbc:
+                code = cbc.wait()
+            if code != 0 or not os.path.exists(sol):
+                said = f"CBC exited with code {code}" if code else "CBC wrote no solution"
+                raise pulp.PulpSolverError(said)
+            status, values, dj, pi, slacks, sol_status = self.readsol_MPS(
+                sol, lp, vs, var_names, con_names
+            )
+        lp.assignVarsVals(values)
+        lp.assignVarsDj(dj)
+        lp.assignConsPi(pi)
+        lp.assignConsSlack(slacks, activity=True)
+        lp.assignStatus(status, sol_status)
+        return int(status)
 
 
 def run_pulp(

@@ -14,7 +14,11 @@ Where torch's helpers are wrong we work around them here, with tests:
   schedule's own `_step_microbatches` loop on a recording stand-in stage, one per rank, and keep
   the order in which it calls forward/backward: that is exactly what executes.
 * Multi-stage schedules execute `pipeline_order` as written (`_PipelineScheduleRuntime`), with
-  `OVERLAP_F_B` actions running their sub-actions in order; we expand those.
+  `OVERLAP_F_B` actions running their sub-actions in order; we expand those and keep each such
+  composite as a run of actions (`schedule_composites`): torch's send/recv lowering
+  (`_add_send_recv`) issues a composite's sends only after all of it, so its forward's output
+  leaves at the end of its backward. tests/torchpp/test_torch_timing.py holds the DAG's timing to
+  torch's runtime run on stand-in stages in virtual time, for every schedule.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = [
     "enable_freezing",
     "scale_group_grads",
     "schedule_actions",
+    "schedule_composites",
     "torch_version",
     "wrapped_by",
 ]
@@ -73,6 +78,24 @@ def schedule_actions(
     schedule: str, *, world_size: int, stages_per_rank: int, n_microbatches: int
 ) -> tuple[tuple[Action, ...], ...]:
     """Per rank, the compute actions torch executes for `schedule`, in order."""
+    return _checked(schedule, world_size, stages_per_rank, n_microbatches)[0]
+
+
+def schedule_composites(
+    schedule: str, *, world_size: int, stages_per_rank: int, n_microbatches: int
+) -> tuple[tuple[tuple[Action, ...], ...], ...]:
+    """Per rank, the runs of its actions that torch executes as one unit (`OVERLAP_F_B`), in order.
+
+    Each run is consecutive in `schedule_actions`' order; torch sends the run's outputs to other
+    ranks only after its last action. Empty for every schedule but DualPipeV (torch 2.13).
+    """
+    return _checked(schedule, world_size, stages_per_rank, n_microbatches)[1]
+
+
+_Order = tuple[tuple[tuple[Action, ...], ...], tuple[tuple[tuple[Action, ...], ...], ...]]
+
+
+def _checked(schedule: str, world_size: int, stages_per_rank: int, n_microbatches: int) -> _Order:
     if schedule not in SCHEDULE_NAMES:
         raise InputError(
             f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULE_NAMES)} or a CSV file"
@@ -89,19 +112,20 @@ def schedule_actions(
         )
     if schedule not in _SINGLE and stages_per_rank < 2:
         raise InputError(f"{schedule} is a multi-stage schedule; use --stages-per-rank 2 or more")
-    return _schedule_actions_cached(schedule, world_size, stages_per_rank, n_microbatches)
+    return _order_cached(schedule, world_size, stages_per_rank, n_microbatches)
 
 
 @lru_cache(maxsize=64)
-def _schedule_actions_cached(
+def _order_cached(
     schedule: str, world_size: int, stages_per_rank: int, n_microbatches: int
-) -> tuple[tuple[Action, ...], ...]:
+) -> _Order:
     try:
         if schedule in _SINGLE:
-            return tuple(
+            acts = tuple(
                 _record_single(schedule, rank, world_size, n_microbatches)
                 for rank in range(world_size)
             )
+            return acts, tuple(() for _ in acts)
         return _multi(schedule, world_size, stages_per_rank, n_microbatches)
     except InputError:
         raise
@@ -125,9 +149,7 @@ def _kind(ctype: Any) -> Kind:
     return kinds[ctype]
 
 
-def _multi(
-    schedule: str, world_size: int, stages_per_rank: int, n_microbatches: int
-) -> tuple[tuple[Action, ...], ...]:
+def _multi(schedule: str, world_size: int, stages_per_rank: int, n_microbatches: int) -> _Order:
     from torch.distributed.pipelining.schedules import _ComputationType as C
     from torch.distributed.pipelining.schedules import get_schedule_class
     from torch.distributed.pipelining.stage import PipelineStage
@@ -145,19 +167,25 @@ def _multi(
     order = sched.pipeline_order
     compute = {C.FORWARD, C.FULL_BACKWARD, C.BACKWARD_INPUT, C.BACKWARD_WEIGHT}
     out: list[tuple[Action, ...]] = []
+    runs: list[tuple[tuple[Action, ...], ...]] = []
     for rank in range(world_size):
         acts: list[Action] = []
+        mine: list[tuple[Action, ...]] = []
         for a in order[rank]:
             if a is None:
                 continue
             subs = a.sub_actions if a.computation_type == C.OVERLAP_F_B else (a,)
-            for s in subs or ():
-                if s.computation_type in compute:
-                    acts.append(
-                        Action(s.stage_index, _kind(s.computation_type), s.microbatch_index)
-                    )
+            run = tuple(
+                Action(s.stage_index, _kind(s.computation_type), s.microbatch_index)
+                for s in subs or ()
+                if s.computation_type in compute
+            )
+            acts.extend(run)
+            if a.computation_type == C.OVERLAP_F_B and len(run) > 1:
+                mine.append(run)
         out.append(tuple(acts))
-    return tuple(out)
+        runs.append(tuple(mine))
+    return tuple(out), tuple(runs)
 
 
 def _record_single(
@@ -412,7 +440,10 @@ def enable_freezing(
 
     `groups` are lists of the stage module's parameters; parameters in no group are never frozen.
     With `frozen` returning an empty set the stage runs torch's own code paths unchanged. A stage
-    whose module is wrapped by FSDP2, FSDP or DDP is refused (`wrapped_by`).
+    whose module is wrapped by FSDP2, FSDP or DDP is refused (`wrapped_by`). When `frozen` is a
+    `FreezeController`'s `frozen_groups`, the controller first holds `groups` to its schedule
+    (`FreezeController.check_groups`: the groups' fingerprints, so a schedule solved for another
+    model is refused with a MismatchError).
     """
     import torch
     from torch.distributed.pipelining._backward import stage_backward_input
@@ -424,6 +455,10 @@ def enable_freezing(
             "weight gradients exactly there yet (the wrapper reduces the stage's gradients "
             "itself); freeze only unwrapped stages"
         )
+    # the controller's own check, looked up by name: this layer does not import training's
+    check = getattr(getattr(frozen, "__self__", None), "check_groups", None)
+    if getattr(frozen, "__name__", None) == "frozen_groups" and callable(check):
+        check(stage.stage_index, groups)
 
     current: dict[str, int] = {}
     grouped = {id(p) for g in groups for p in g}

@@ -5,7 +5,7 @@ Why a module of its own: the drift rules, the fallback and the rollback can only
 that really drifts, and crash handling and resumption only on one that really fails; these are
 the ways a test makes that happen. They are never on by default: `TrainOptions(fault=...)` or the
 hidden `--fault` option of `freezeopt train` (`profile_job(fault=...)` or `FREEZEOPT_FAULT` for
-`freezeopt profile`, which takes the rank faults alone), several separated by `;`:
+`freezeopt profile`, which takes one rank fault or `nan_loss`), several separated by `;`:
 
 * `lr_spike:step=K[,factor=F]` multiplies the learning rate by F (default 100) for step K;
 * `corrupt_batch:step=K[,steps=N]` replaces the batches of N steps (default 1) from step K on with
@@ -13,7 +13,7 @@ hidden `--fault` option of `freezeopt train` (`profile_job(fault=...)` or `FREEZ
 * `slow:stage=S,ms=X[,step=K]` spins X ms in every action of stage S from step K on (busy, so the
   stage is slower, not idle);
 * `nan_loss:step=K[,steps=N]` makes the loss of N steps (default 1) from step K on NaN (every
-  microbatch; the update is skipped);
+  microbatch; `train` skips the update, `profile` stops there with `DivergedError`);
 * `corrupt_checkpoint:step=K[,rank=R]` flips one byte of rank R's file (default 0) in the newest
   checkpoint at the start of step K, as a failing disk would;
 * `crash:rank=R,step=K`, `kill:…` and `hang:…` (`RANK_FAULTS`): rank R raises, dies of SIGKILL
@@ -24,6 +24,7 @@ hidden `--fault` option of `freezeopt train` (`profile_job(fault=...)` or `FREEZ
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -97,6 +98,8 @@ def parse_faults(
                 raise InputError(f"fault {part!r}: {kv!r} is not key=number; {hint}") from None
             if not sep:
                 raise InputError(f"fault {part!r}: {kv!r} is not key=number; {hint}")
+            if not math.isfinite(values[k]):
+                raise InputError(f"fault {part!r}: {kv!r} is not a finite number; {hint}")
         need, opt = _FAULT_FIELDS[kind]
         unknown = sorted(set(values) - need - opt)
         missing = sorted(need - set(values))

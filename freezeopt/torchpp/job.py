@@ -16,6 +16,12 @@ returns `DataParts`. Parameter groups, the unit freezeopt freezes, are chosen in
 the job's `groups` (name → parameter-name patterns, applied to every stage), else the groups
 the model function returns, else one group per top-level child module of each stage that holds
 parameters (parameters registered directly on the stage module form a group called `params`).
+
+A Hugging Face causal LM plugs in without code: `model: hf:<source>` (an architecture name for
+random init, a `config.json`, a safetensors folder, a `.gguf` file or `pkg:<package>/<path>`;
+relative paths are relative to the job file) with `model_args` for the split, groups and tied
+embeddings, and `data: hf-text` for a tokenized local text corpus (`freezeopt.hf`, the optional
+`freezeopt[hf]` extra; `docs/profiling.md`, "Hugging Face models").
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from freezeopt.errors import InputError
-from freezeopt.fileio import invalid_file, load_yaml_file
+from freezeopt.fileio import invalid_file, load_yaml_file, non_finite
 
 if TYPE_CHECKING:
     import torch
@@ -58,8 +64,13 @@ __all__ = [
 
 BUILTIN_MODELS: Mapping[str, str] = {"tiny-gpt": "freezeopt.examples.tiny_gpt:build_model"}
 """Built-in model names and the function each stands for."""
-BUILTIN_DATA: Mapping[str, str] = {"stdlib-bytes": "freezeopt.examples.tiny_gpt:stdlib_bytes"}
+BUILTIN_DATA: Mapping[str, str] = {
+    "stdlib-bytes": "freezeopt.examples.tiny_gpt:stdlib_bytes",
+    "hf-text": "freezeopt.hf.data:text_corpus",
+}
 """Built-in data names and the function each stands for."""
+HF_PREFIX = "hf:"
+"""`model: hf:<source>`: a Hugging Face causal LM built by `freezeopt.hf.model.build_model`."""
 
 _CALLABLE_RE = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
@@ -68,6 +79,12 @@ _CONFIG = ConfigDict(
     extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True, strict=False
 )
 Pos = Annotated[int, Field(ge=1)]
+MAX_SEED = 2**32 - 1
+"""Largest seed: the built-in data seeds torch's generator with seed × 1,000,003 + step, which
+must stay within 64 bits (a larger seed failed in every rank after the spawn)."""
+MAX_TIMEOUT_S = 1e9
+"""Largest `hang_timeout_s` and `timeout_s` (about 31 years): torch's process-group timeout is
+twice the hang timeout, and Python's timedelta ends at about 8.6e13 s."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,11 +97,13 @@ class Job:
     ]
     """Job name; the default profile file is `profiles/<name>.json`."""
     model: str = "tiny-gpt"
-    """`tiny-gpt` or `package.module:function` returning `freezeopt.torchpp.job.ModelParts`."""
+    """`tiny-gpt`, `hf:<source>` (a Hugging Face causal LM) or `package.module:function` returning
+    `freezeopt.torchpp.job.ModelParts`."""
     model_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the model function (model size knobs, e.g. `d_model`, `n_layers`)."""
     data: str = "stdlib-bytes"
-    """`stdlib-bytes` or `package.module:function` returning `freezeopt.torchpp.job.DataParts`."""
+    """`stdlib-bytes`, `hf-text` (tokenized local text files) or `package.module:function`
+    returning `freezeopt.torchpp.job.DataParts`."""
     data_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the data function."""
     schedule: Annotated[str, Field(min_length=1)] = "1F1B"
@@ -107,8 +126,8 @@ class Job:
     """Learning rate."""
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     """AdamW weight decay."""
-    seed: int = 0
-    """Seed for weights and data order."""
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+    """Seed for weights and data order (0 to 2^32 − 1)."""
     warmup_steps: Pos = 2
     """Optimizer steps run before measuring (the first includes torch's one-time setup)."""
     measure_steps: Pos = 10
@@ -126,9 +145,9 @@ class Job:
     """Held-out batches for the validation loss (0 skips it)."""
     gradient_traces: bool = True
     """Record per-microbatch gradient norms (holds each microbatch's gradient until the step ends)."""
-    hang_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    hang_timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] = 120.0
     """A rank that makes no progress for this long is declared hung and every rank is stopped."""
-    timeout_s: Annotated[float, Field(gt=0)] = 1800.0
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] = 1800.0
     """Upper bound on the whole profiling run."""
 
     @property
@@ -159,6 +178,11 @@ class ModelParts:
     """`loss_fn(last_stage_output, target)`: the mean loss of one microbatch."""
     groups: Sequence[Mapping[str, Sequence[str]]] | None = None
     """Optional: per stage, group name → stage-local parameter names, in model order."""
+    tied: Sequence[Sequence[tuple[int, str]]] = ()
+    """Optional: sets of (stage, stage-local parameter name) that are copies of one shared weight
+    (e.g. the input embedding on the first stage and the LM head on the last). The copies must
+    start equal; before every optimizer step their gradients are summed across the stages and
+    ranks that hold them, so they receive identical updates and stay equal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +212,8 @@ def parse_job(data: Any, *, source: str = "job", base_dir: Path | None = None) -
         raise invalid_file(source, "job spec", e, fields="docs/profiling.md") from None
     if job.is_csv and base_dir is not None and not Path(job.schedule).is_absolute():
         job = replace(job, schedule=str((base_dir / job.schedule).resolve()))
+    if base_dir is not None:
+        job = _hf_paths_from(job, base_dir)
     _check(job, source)
     return job
 
@@ -246,9 +272,23 @@ def _check(job: Job, source: str) -> None:
         ("model", job.model, BUILTIN_MODELS),
         ("data", job.data, BUILTIN_DATA),
     ):
+        if key == "model" and value.startswith(HF_PREFIX):
+            if value == HF_PREFIX:
+                raise InputError(
+                    f"{source}: model hf: names no source; write hf:<llama|qwen2|gpt2>, "
+                    "hf:<config.json>, hf:<folder> or hf:<file.gguf>"
+                )
+            continue
         if value not in builtins and not _CALLABLE_RE.match(value):
             raise InputError(
-                f"{source}: {key} {value!r} is neither a built-in ({', '.join(builtins)}) nor `package.module:function`"
+                f"{source}: {key} {value!r} is neither a built-in ({', '.join(builtins)}){' nor hf:<source>' if key == 'model' else ''} nor `package.module:function`"
+            )
+    for key, args in (("model_args", job.model_args), ("data_args", job.data_args)):
+        found = non_finite(args, key)
+        if found is not None:  # passed on to user code and recorded in the profile: refused here
+            raise InputError(
+                f"{source}: invalid job spec at {found[0]}: {found[1]} is not a finite number "
+                "(the profile records the arguments, and holds finite numbers only)"
             )
     if job.groups is not None:
         if not job.groups:
@@ -299,14 +339,52 @@ def open_job(job_path_or_spec: str | Path | Job, overrides: Mapping[str, Any] | 
     return job
 
 
+def _relative_here(path: str, base_dir: Path) -> bool:
+    """True for a relative path (not `pkg:`) that exists under `base_dir`."""
+    return (
+        not path.startswith("pkg:") and not Path(path).is_absolute() and (base_dir / path).exists()
+    )
+
+
+def _hf_paths_from(job: Job, base_dir: Path) -> Job:
+    """`job` with the relative paths of an `hf:` model and of `hf-text` data made absolute
+    against the job file's folder (where they exist there), as a CSV schedule's is."""
+    changes: dict[str, Any] = {}
+    src = job.model[len(HF_PREFIX) :] if job.model.startswith(HF_PREFIX) else ""
+    if src and _relative_here(src, base_dir):
+        changes["model"] = HF_PREFIX + str((base_dir / src).resolve())
+    if job.data == "hf-text":
+        args = dict(job.data_args)
+        for key in ("root", "tokenizer"):
+            v = args.get(key)
+            if isinstance(v, str) and v and _relative_here(v, base_dir):
+                args[key] = str((base_dir / v).resolve())
+        if args != job.data_args:
+            changes["data_args"] = args
+    return replace(job, **changes) if changes else job
+
+
 def resolve_model(job: Job) -> Callable[..., ModelParts]:
-    """The model function of `job`."""
+    """The model function of `job` (for `hf:<source>`, `freezeopt.hf.model.build_model` bound to
+    the source)."""
+    if job.model.startswith(HF_PREFIX):
+        import functools
+
+        build = _import_callable("freezeopt.hf.model:build_model", "model")
+        return functools.partial(build, source=job.model[len(HF_PREFIX) :])
     return _import_callable(BUILTIN_MODELS.get(job.model, job.model), "model")
 
 
 def resolve_data(job: Job) -> Callable[..., DataParts]:
-    """The data function of `job`."""
-    return _import_callable(BUILTIN_DATA.get(job.data, job.data), "data")
+    """The data function of `job` (`hf-text` with an `hf:` model tokenizes with that model's
+    tokenizer unless `data_args.tokenizer` names another)."""
+    fn = _import_callable(BUILTIN_DATA.get(job.data, job.data), "data")
+    if job.data == "hf-text" and "tokenizer" not in job.data_args:
+        import functools
+
+        model = job.model[len(HF_PREFIX) :] if job.model.startswith(HF_PREFIX) else None
+        return functools.partial(fn, tokenizer=model, tokenizer_of_model=True)
+    return fn
 
 
 def resolve_groups(

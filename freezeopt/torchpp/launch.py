@@ -18,7 +18,8 @@ shared memory (time, progress units, phase, and the action it is computing). The
   declared hung (starting Python and torch and building the model get at least 2 minutes);
 * the whole run is bounded by `timeout_s`;
 * SIGTERM or SIGHUP to this process stops every rank, then raises `StoppedError` (exit 143/129);
-  a rank whose parent dies without cleaning up (SIGKILL) is ended by the kernel.
+  a rank whose parent dies without cleaning up (SIGKILL) is ended by the kernel
+  (`freezeopt.procs.die_with_parent`).
 
 The test-only rank failures both commands inject are `freezeopt.torchpp.faults`' (`crash:rank=R,step=S`, `kill:…`, `hang:…`).
 `host_info`, `cpu_snapshot` and `other_cpu` measure how busy the machine was while the ranks ran,
@@ -36,7 +37,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 
 from freezeopt import errors
 from freezeopt.errors import FreezeoptError, InputError, RankFailedError
+from freezeopt.procs import die_with_parent, raise_on_signals
 from freezeopt.torchpp.job import Job
 
 __all__ = [
@@ -242,53 +243,15 @@ def _worker(
     os._exit(code)
 
 
-def die_with_parent(parent: int) -> None:
-    """End this process (a rank, or a rank's re-plan solver) when the process that started it is
-    gone (SIGKILLed, say), so nothing is left running, or holding a port, behind a dead parent. On
-    Linux the kernel delivers SIGKILL (`prctl(PR_SET_PDEATHSIG)`); elsewhere a thread polls the
-    parent's pid."""
-    with contextlib.suppress(OSError, AttributeError):
-        if sys.platform.startswith("linux"):
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
-                if os.getppid() != parent:  # the parent died before the prctl
-                    os._exit(1)
-                return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="freezeopt-parent-watch", daemon=True).start()
-
-
-_PR_SET_PDEATHSIG = 1
-
-
 @contextlib.contextmanager
 def _stop_on_signals(outcome: Callable[[], str]) -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into `StoppedError` while ranks run, so the rank processes are
     stopped (the `finally` in `_launch_local`) before this process exits; the default handlers
     would end it on the spot and leave the ranks running."""
-    if threading.current_thread() is not threading.main_thread():
+    with raise_on_signals(
+        lambda name: f"stopped by {name}; every rank was stopped and {outcome()}"
+    ):
         yield
-        return
-
-    def stop(signum: int, _frame: Any) -> None:
-        name = signal.Signals(signum).name
-        raise errors.StoppedError(
-            f"stopped by {name}; every rank was stopped and {outcome()}", signum=signum
-        )
-
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def error_line(e: BaseException) -> str:

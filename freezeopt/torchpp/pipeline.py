@@ -8,11 +8,15 @@ than the one the schedule is replayed in.
 * `plan_pipeline(job)`: the pipeline shape the job implies (who runs which stage, in what order),
   from torch's own schedule classes or the job's CSV;
 * `preflight(job, plan)`: build the model on the meta device (no memory) to catch a bad model
-  function, or a stage split that does not fit, before any process starts; returns the groups;
+  function, or a stage split that does not fit, before any process starts; returns the groups
+  (`preflight_model`: and their fingerprints, which `freezeopt train` holds to the schedule's);
 * `build_rank_pipeline(job, plan, rank, device)`: on a rank, after `torch.manual_seed(job.seed)`,
   build every stage (so all ranks agree on the weights), keep this rank's, resolve the parameter
   groups, wrap the stages in `PipelineStage`s and make the AdamW optimizer; `make_schedule` then
   builds torch's schedule object around a loss function of the caller's choosing;
+* `RankPipeline.sync_tied_grads()`: for weights the model shares between stages
+  (`ModelParts.tied`, e.g. tied input and output embeddings), sum the copies' gradients across
+  the stages and ranks that hold them before the optimizer step, so the copies stay equal;
 * `validation_loss`: the mean loss on the held-out batches as a plain forward pass, stage by stage
   across ranks (torch's `schedule.eval()` fails on V schedules in 2.13);
 * `Clock`: action cost — thread CPU time on CPU, CUDA events on GPU.
@@ -22,12 +26,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from freezeopt.actions import Action
 from freezeopt.errors import InputError
+from freezeopt.formats.fingerprint import fingerprint
 from freezeopt.torchpp.job import (
     DataParts,
     Job,
@@ -42,21 +47,27 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Clock",
+    "Fingerprints",
     "Groups",
+    "ModelCheck",
     "PipelinePlan",
     "RankPipeline",
     "build_rank_pipeline",
     "check_parts",
     "device_name",
+    "group_fingerprints",
     "make_schedule",
     "plan_pipeline",
     "preflight",
+    "preflight_model",
     "to_device",
     "validation_loss",
 ]
 
 Groups = dict[int, tuple[tuple[str, tuple[str, ...]], ...]]
 """Per stage: ((group name, parameter names), ...) in model order."""
+Fingerprints = dict[int, tuple[str, ...]]
+"""Per stage: its groups' fingerprints (`freezeopt.formats.fingerprint`), in group order."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +77,8 @@ class PipelinePlan:
     label: str
     """The schedule's name in files: a torch schedule name or `csv:<file name>`."""
     rank_actions: tuple[tuple[Action, ...], ...]
+    composites: tuple[tuple[tuple[Action, ...], ...], ...]
+    """Per rank, the runs of its actions torch executes as one unit (`adapter.schedule_composites`)."""
     n_stages: int
     stage_rank: tuple[int, ...]
     csv_path: str | None
@@ -84,11 +97,12 @@ def plan_pipeline(job: Job) -> PipelinePlan:
             job.schedule, world_size=job.ranks, n_microbatches=job.microbatches
         )
         label, csv_path = f"csv:{Path(job.schedule).name}", job.schedule
+        composites: tuple[tuple[tuple[Action, ...], ...], ...] = tuple(() for _ in acts)
     else:
         spr = job.stages_per_rank or torch_pp.default_stages_per_rank(job.schedule)
-        acts = torch_pp.schedule_actions(
-            job.schedule, world_size=job.ranks, stages_per_rank=spr, n_microbatches=job.microbatches
-        )
+        shape = dict(world_size=job.ranks, stages_per_rank=spr, n_microbatches=job.microbatches)
+        acts = torch_pp.schedule_actions(job.schedule, **shape)
+        composites = torch_pp.schedule_composites(job.schedule, **shape)
         label, csv_path = job.schedule, None
     stage_rank: dict[int, int] = {}
     for r, row in enumerate(acts):
@@ -116,6 +130,7 @@ def plan_pipeline(job: Job) -> PipelinePlan:
     return PipelinePlan(
         label=label,
         rank_actions=tuple(tuple(r) for r in acts),
+        composites=composites,
         n_stages=n_stages,
         stage_rank=tuple(stage_rank[s] for s in range(n_stages)),
         csv_path=csv_path,
@@ -128,6 +143,22 @@ def preflight(job: Job, plan: PipelinePlan, *, in_torchrun: bool = False) -> Gro
     Returns the parameter groups per stage, or None when the model function does not support the
     meta device (the ranks then check it for real).
     """
+    checked = preflight_model(job, plan, in_torchrun=in_torchrun)
+    return None if checked is None else checked.groups
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCheck:
+    """What `preflight_model` learnt of the model built on the meta device."""
+
+    groups: Groups
+    fingerprints: Fingerprints
+
+
+def preflight_model(
+    job: Job, plan: PipelinePlan, *, in_torchrun: bool = False
+) -> ModelCheck | None:
+    """`preflight`, returning the groups' fingerprints too (None where `preflight` returns None)."""
     import torch
 
     if job.device == "cuda":
@@ -157,7 +188,19 @@ def preflight(job: Job, plan: PipelinePlan, *, in_torchrun: bool = False) -> Gro
         Exception
     ):  # the function may not support the meta device; the ranks will check it for real
         return None
-    return check_parts(job, plan, parts)
+    groups = check_parts(job, plan, parts)
+    return ModelCheck(
+        groups=groups,
+        fingerprints={s: group_fingerprints(parts.stages[s], groups[s]) for s in groups},
+    )
+
+
+def group_fingerprints(
+    module: Any, groups: tuple[tuple[str, tuple[str, ...]], ...]
+) -> tuple[str, ...]:
+    """The fingerprint of each of a stage module's `groups` ((name, parameter names), ...)."""
+    named = dict(module.named_parameters())
+    return tuple(fingerprint(named[n] for n in members) for _, members in groups)
 
 
 def check_parts(job: Job, plan: PipelinePlan, parts: Any) -> Groups:
@@ -193,7 +236,30 @@ def check_parts(job: Job, plan: PipelinePlan, parts: Any) -> Groups:
         out[s] = resolve_groups(
             job, s, names, parts.groups[s] if parts.groups is not None else None, child_of
         )
+    _check_ties(job, parts)
     return out
+
+
+def _check_ties(job: Job, parts: ModelParts) -> None:
+    """Each tied set: two or more distinct trainable parameters of equal shape, on known stages."""
+    for t in parts.tied:
+        members = list(t)
+        if len(members) < 2 or len(set(members)) != len(members):
+            raise InputError(
+                f"model {job.model!r}: tied set {members} needs two or more distinct (stage, name) pairs"
+            )
+        shapes = set()
+        for s, n in members:
+            if not 0 <= s < len(parts.stages):
+                raise InputError(f"model {job.model!r}: tied set names stage {s}, which it lacks")
+            p = dict(parts.stages[s].named_parameters()).get(n)
+            if p is None or not p.requires_grad:
+                raise InputError(
+                    f"model {job.model!r}: tied set names {n!r} of stage {s}, not a trainable parameter of it"
+                )
+            shapes.add(tuple(p.shape))
+        if len(shapes) != 1:
+            raise InputError(f"model {job.model!r}: tied set {members} joins different shapes")
 
 
 def _param_names(mod: Any) -> tuple[list[str], dict[str, str]]:
@@ -223,13 +289,41 @@ class RankPipeline:
     param_names: dict[int, list[str]]
     group_idx: dict[int, list[tuple[str, list[int]]]]
     """Stage index → (group name, positions in `params[s]`) in model order."""
-    group_meta: list[tuple[int, str, tuple[str, ...], int]]
-    """(stage, group, parameter names, numel) of every local group."""
+    group_meta: list[tuple[int, str, tuple[str, ...], int, str]]
+    """(stage, group, parameter names, numel, fingerprint) of every local group."""
     pstages: list[Any]
     """torch `PipelineStage`s, in stage order."""
     optimizer: Any
     loss_fn: Any
     data: DataParts
+    ties: list[tuple[list[Any], Any]] = field(default_factory=list)
+    """Per tied set with a copy on this rank: (this rank's copies, the process group of the
+    ranks holding copies, or None when they all are on this rank)."""
+
+    def sync_tied_grads(self) -> None:
+        """Give every copy of a tied weight the sum of the copies' gradients (None stays None
+        where no copy has one), across the ranks holding copies; call it before the optimizer
+        step, after any gradient scaling."""
+        if not self.ties:
+            return
+        import torch
+        import torch.distributed as dist
+
+        for copies, pg in self.ties:
+            grads = [p.grad for p in copies if p.grad is not None]
+            total = torch.zeros_like(copies[0]) if not grads else grads[0].clone()
+            for g in grads[1:]:
+                total += g
+            if pg is not None:
+                have = torch.tensor([float(len(grads))], device=total.device)
+                dist.all_reduce(have, group=pg)
+                if float(have) == 0.0:
+                    continue
+                dist.all_reduce(total, group=pg)
+            elif not grads:
+                continue
+            for p in copies:
+                p.grad = total.clone() if p is not copies[-1] else total
 
     @property
     def has_first(self) -> bool:
@@ -268,12 +362,12 @@ def build_rank_pipeline(job: Job, plan: PipelinePlan, rank: int, device: Any) ->
     )
     my = plan.stages_of(rank)
     mods = {s: parts.stages[s].to(device) for s in my}
-    loss_fn = parts.loss_fn
+    loss_fn, tied = parts.loss_fn, tuple(parts.tied)
     del parts
     params: dict[int, list[Any]] = {}
     names: dict[int, list[str]] = {}
     group_idx: dict[int, list[tuple[str, list[int]]]] = {}
-    group_meta: list[tuple[int, str, tuple[str, ...], int]] = []
+    group_meta: list[tuple[int, str, tuple[str, ...], int, str]] = []
     for s in my:
         named = [(n, p) for n, p in mods[s].named_parameters() if p.requires_grad]
         params[s] = [p for _, p in named]
@@ -282,7 +376,9 @@ def build_rank_pipeline(job: Job, plan: PipelinePlan, rank: int, device: Any) ->
         group_idx[s] = [(g, [pos[n] for n in members]) for g, members in groups[s]]
         for g, members in groups[s]:
             numel = sum(named[pos[n]][1].numel() for n in members)
-            group_meta.append((s, g, tuple(members), int(numel)))
+            fp = fingerprint(named[pos[n]][1] for n in members)
+            group_meta.append((s, g, tuple(members), int(numel), fp))
+    ties = _rank_ties(tied, plan, rank, mods)
     pstages = [PipelineStage(mods[s], s, plan.n_stages, device) for s in my]
     all_params = [p for s in my for p in params[s]]
     opt = torch.optim.AdamW(all_params, lr=job.lr, weight_decay=job.weight_decay)
@@ -301,7 +397,28 @@ def build_rank_pipeline(job: Job, plan: PipelinePlan, rank: int, device: Any) ->
         optimizer=opt,
         loss_fn=loss_fn,
         data=data,
+        ties=ties,
     )
+
+
+def _rank_ties(
+    tied: Sequence[Sequence[tuple[int, str]]], plan: PipelinePlan, rank: int, mods: dict[int, Any]
+) -> list[tuple[list[Any], Any]]:
+    """This rank's share of the tied sets, with a process group per set spanning ranks. Every
+    rank calls it with the same sets (all build the whole model), so the groups are made in the
+    same order everywhere, as torch requires."""
+    import torch.distributed as dist
+
+    out: list[tuple[list[Any], Any]] = []
+    for t in tied:
+        ranks = sorted({plan.stage_rank[s] for s, _ in t})
+        pg: Any = None
+        if len(ranks) > 1:
+            pg = dist.group.WORLD if len(ranks) == dist.get_world_size() else dist.new_group(ranks)
+        if rank in ranks:
+            copies = [dict(mods[s].named_parameters())[n] for s, n in t if s in mods]
+            out.append((copies, pg))
+    return out
 
 
 def make_schedule(rp: RankPipeline, *, loss_fn: Any, scale_grads: bool) -> Any:

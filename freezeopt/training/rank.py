@@ -11,6 +11,7 @@ starts it); `freezeopt.training.train` is the parent side (checks, report). Per 
    microbatch skips the frozen groups' weight-gradient work (`torch_pp.enable_freezing`) — and the
    step's wall time, first rank's start to last rank's end, as the profiler measures it;
 3. `scale_group_grads` with `controller.grad_scales` (M/(M−k) for a group frozen in k of M);
+   then tied weights' copies get the sum of their gradients (`RankPipeline.sync_tied_grads`);
 4. the loss (last stage), every group's gradient norm and the step time are all-reduced so every
    rank's controller sees identical inputs and takes identical decisions (`end_step`);
 5. `optimizer.step()` — skipped when the loss or a gradient is non-finite — then, on drift with
@@ -199,6 +200,8 @@ class _Trainer:
                 self.units[s] = (
                     groups if self.ctrl.unit == "group" else [[p] for g in groups for p in g]
                 )
+                # the real parameters (the parent checked the meta-device model, where it builds)
+                self.ctrl.check_groups(s, groups)
             for st in rp.pstages:
                 torch_pp.enable_freezing(st, self.units[st.stage_index], self._frozen)
         self.sched = make_schedule(rp, loss_fn=self._loss, scale_grads=True)
@@ -532,6 +535,7 @@ class _Trainer:
         if ctrl is not None:
             for s in rp.stages:
                 torch_pp.scale_group_grads(self.units[s], ctrl.grad_scales(s))
+        rp.sync_tied_grads()  # tied weights (e.g. shared embeddings): copies get one gradient
         n = len(self.gkeys)
         vec = torch.zeros(1 + 2 * n, dtype=torch.float64)
         if rp.has_last:

@@ -7,8 +7,8 @@ child keeps the run's `LpCache`, so each re-plan re-solves the LP warm as before
 CPU priority (nice +5: on a machine whose cores the ranks keep busy, training gets most of them,
 and a re-plan still lands within a few steps; at +10 it was starved past the end of short test
 runs), loads the compiled simulator and relaxation passes before the first re-plan and then says
-it is ready (its first message; `ReplanWorker.ready`), and dies with the rank that started it
-(`launch.die_with_parent`).
+it is ready (its first message; `ReplanWorker.ready`), and dies with the rank that started it, in
+a process group of its own (`freezeopt.procs`; its own CBC or HiGHS children die with it).
 
 Why not a thread: the heuristic's search holds the GIL (Python between compiled passes, which
 are not compiled `nogil`), and a rank's training
@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from freezeopt import procs
 from freezeopt.formats.schedule import Schedule
 from freezeopt.training.replan import ReplanOutcome, ReplanSpec
 
@@ -58,7 +59,7 @@ class ReplanWorker:
             root = str(Path(__file__).resolve().parents[1])  # where `freezeopt` imports from
             path = os.environ.get("PYTHONPATH")
             env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
-            self._proc = subprocess.Popen(
+            self._proc = procs.start(  # its own process group, dying with this thread
                 [sys.executable, "-m", "freezeopt.training.replan_worker", str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -137,7 +138,8 @@ class ReplanWorker:
         self._reader = None
         out = self._answer[0]
         if isinstance(out, str) and self._proc is not None and self._proc.poll() is not None:
-            self._proc = None  # it died: the next re-plan starts a new one
+            procs.stop(self._proc)  # it died: the next re-plan starts a new one
+            self._proc = None
         return out
 
     def close(self) -> None:
@@ -149,11 +151,9 @@ class ReplanWorker:
             with contextlib.suppress(OSError):
                 assert self._proc.stdin is not None
                 self._proc.stdin.close()  # end of requests: the child exits
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            procs.stop(self._proc)  # kills its group if it is still running
             self._proc = None
 
 
@@ -161,10 +161,9 @@ def _serve(parent: int, requests: IO[bytes], answers: IO[bytes]) -> None:
     """The child: answer pickled re-plan requests until stdin closes."""
     from freezeopt.solver import load_kernels
     from freezeopt.solver.lp_arrays import LpCache
-    from freezeopt.torchpp.launch import die_with_parent
     from freezeopt.training.replan import replan
 
-    die_with_parent(parent)
+    procs.die_with_parent(parent)  # set at its start on Linux; elsewhere a thread polls
     with contextlib.suppress(OSError):
         os.nice(NICE)
     # numba's kernels before the first re-plan (at low priority it could take seconds then): the

@@ -33,6 +33,10 @@ the schedule's `phases.drift`):
   roughly constant share on a given machine; the calibrated rule fires when freezing does not
   deliver the *speed-up* the schedule predicted, which is what makes a schedule stale.
 
+Before the first step, `check_groups` holds the parameters the caller freezes to the schedule's
+group fingerprints (element count, shapes, dtypes): a schedule solved for another model (another
+width, same group names) is refused in one line (`enable_freezing` calls it by itself).
+
 On drift the controller falls back to full updates for `fallback_steps` and records an event; with
 `rollback=True`, when a loss, gradient or non-finite rule fired (a step-time drift alone says
 nothing against the weights), it also asks the caller to restore the last checkpoint (`Decision.rollback`) and
@@ -53,16 +57,18 @@ under it or, until there are 3 of them, by the ratio measured under the plan bef
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import random
 import statistics
 import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from freezeopt.errors import InputError, MismatchError
+from freezeopt.errors import InputError, MismatchError, short
+from freezeopt.formats.fingerprint import fingerprint
 from freezeopt.formats.schedule import Schedule, parse_microbatches, with_phases
 
 __all__ = ["Decision", "FreezeController"]
@@ -146,7 +152,15 @@ class FreezeController:
         """Switch to a new plan from the next `begin_step` on (online re-planning). The pipeline
         and groups must be the schedule's; phase, histories and fallback window are kept."""
         old = self.schedule
-        if schedule.pipeline != old.pipeline:
+        new_pipe, old_pipe = schedule.pipeline, old.pipeline
+        if new_pipe.fingerprints is None or old_pipe.fingerprints is None:
+            # a plan with fingerprints for one without (re-planned from the profile after an older
+            # schedule): the rest must agree
+            new_pipe, old_pipe = (
+                replace(new_pipe, fingerprints=None),
+                replace(old_pipe, fingerprints=None),
+            )
+        if new_pipe != old_pipe:
             raise MismatchError("a new plan must be for the same pipeline and parameter groups")
         st = self._state
         if len(st.full_times) >= _FULL_MIN and old.prediction.baseline_ms > 0:
@@ -154,6 +168,49 @@ class FreezeController:
         st.full_times.clear()
         st.step_times.clear()
         self._load_plan(schedule)
+
+    def check_groups(self, stage: int, groups: Sequence[Sequence[Any]]) -> None:
+        """Raise MismatchError unless `groups` — what `enable_freezing` is given for `stage`: per
+        group of the schedule, in its order, the list of the group's parameters (for the
+        `random_tensors` realisation, one list per tensor, group after group) — hold the
+        parameters the schedule was solved for: as many groups, each with the fingerprint (element
+        count, shapes and dtypes; `freezeopt.formats.fingerprint`) the schedule records. A model of
+        another width fails here. Schedules without fingerprints (solved from `freezeopt synth`'s
+        profiles or older ones) check the number of groups only. `enable_freezing` calls this
+        itself when its `frozen` is this controller's `frozen_groups`."""
+        pipe = self.schedule.pipeline
+        if not 0 <= stage < pipe.n_stages:
+            raise MismatchError(f"stage {stage} is not in the schedule's {pipe.n_stages} stages")
+        names = pipe.groups[stage]
+        units = [list(u) for u in groups]
+        counts = self._tensors.get(stage)
+        per_tensor = all(len(u) == 1 for u in units) and len(units) != len(names)
+        if (
+            self.unit == "tensor"
+            and counts is not None
+            and per_tensor
+            and len(units) == sum(counts)
+        ):
+            flat = [p for u in units for p in u]
+            ends = list(itertools.accumulate(counts))
+            units = [flat[e - c : e] for c, e in zip(counts, ends, strict=True)]
+        if len(units) != len(names):
+            raise MismatchError(
+                f"stage {stage}: {len(units)} parameter groups given, but the schedule has "
+                f"{len(names)} ({short(', '.join(names))}); pass one list of parameters per "
+                "group, in the schedule's order"
+            )
+        if pipe.fingerprints is None:
+            return
+        for name, want, params in zip(names, pipe.fingerprints[stage], units, strict=True):
+            got = fingerprint(params)
+            if got != want:
+                raise MismatchError(
+                    f"stage {stage}'s group {name} holds other parameters than the schedule was "
+                    f"solved for (fingerprint, element count-hash of shapes and dtypes: {got} "
+                    f"here, {want} in the schedule); profile and solve this model "
+                    "(`freezeopt profile` → `freezeopt solve`)"
+                )
 
     def _load_plan(self, schedule: Schedule) -> None:
         pipe = schedule.pipeline

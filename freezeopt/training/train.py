@@ -9,8 +9,9 @@ against predicted step time.
 
 Before any process starts, the schedule is checked against the job: the job's pipeline shape
 (schedule kind, ranks, stages, microbatches, stage-to-rank map) is built from torch's schedule
-classes and its parameter groups from the model on the meta device; any difference is a
-`MismatchError` naming it.
+classes and its parameter groups from the model on the meta device, with their fingerprints
+(element count, shapes, dtypes), which must be the schedule's where it records them (a model of
+another width has the same group names); any difference is a `MismatchError` naming it.
 
 How the speed-up is measured: side by side in the same run (DESIGN §7). Steps that replay the
 schedule ("freezing steps") are compared with the run's full-update steps — warm-up, periodic
@@ -73,7 +74,13 @@ from freezeopt.torchpp.launch import (
     other_cpu,
     run_ranks,
 )
-from freezeopt.torchpp.pipeline import Groups, PipelinePlan, plan_pipeline, preflight
+from freezeopt.torchpp.pipeline import (
+    Fingerprints,
+    Groups,
+    PipelinePlan,
+    plan_pipeline,
+    preflight_model,
+)
 from freezeopt.training import checkpoint as ckpt
 from freezeopt.training.options import ReplanOptions, TrainOptions
 from freezeopt.training.rank import RankTrainResult, TrainSpec, train_rank
@@ -207,10 +214,17 @@ def train_job(
             full_update_every=opts.phases.full_update_every,
         )
     plan = plan_pipeline(job)
-    groups = preflight(job, plan, in_torchrun=in_torchrun())
+    model = preflight_model(job, plan, in_torchrun=in_torchrun())
     warnings: list[str] = []
     if schedule is not None:
-        check_schedule_fits(schedule, job, plan, groups, source=str(opts.schedule))
+        check_schedule_fits(
+            schedule,
+            job,
+            plan,
+            None if model is None else model.groups,
+            source=str(opts.schedule),
+            fingerprints=None if model is None else model.fingerprints,
+        )
     replan = _replan_spec(schedule, opts.replan, warnings=warnings)
     faults = parse_faults(opts.fault or "")
     for f in faults:
@@ -328,9 +342,16 @@ def _check_recovered(report: TrainReport) -> None:
 
 
 def check_schedule_fits(
-    schedule: Schedule, job: Job, plan: PipelinePlan, groups: Groups | None, *, source: str
+    schedule: Schedule,
+    job: Job,
+    plan: PipelinePlan,
+    groups: Groups | None,
+    *,
+    source: str,
+    fingerprints: Fingerprints | None = None,
 ) -> None:
-    """Raise MismatchError when `schedule` was made for another pipeline than `job`'s."""
+    """Raise MismatchError when `schedule` was made for another pipeline than `job`'s, or, given
+    the job's group `fingerprints` and a schedule that records them, for another model."""
     shape = PipelineShape(
         schedule=plan.label,
         world_size=job.ranks,
@@ -340,6 +361,9 @@ def check_schedule_fits(
         groups=None
         if groups is None
         else tuple(tuple(g for g, _ in groups[s]) for s in range(plan.n_stages)),
+        fingerprints=None
+        if fingerprints is None
+        else tuple(fingerprints[s] for s in range(plan.n_stages)),
     )
     diff = pipeline_difference(schedule, shape)
     if diff is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
@@ -11,7 +12,13 @@ import numpy as np
 import pytest
 
 from freezeopt.errors import InputError
-from freezeopt.formats.profile import dump_profile, load_profile, profile_json_schema, save_profile
+from freezeopt.formats.profile import (
+    dump_profile,
+    load_profile,
+    parse_profile,
+    profile_json_schema,
+    save_profile,
+)
 from freezeopt.formats.schedule import schedule_json_schema
 from tests.conftest import make_profile
 
@@ -47,8 +54,17 @@ def _rounded(x):  # the rule: 6 significant digits, tuples as lists
 
 
 def _as_json_writes(p) -> str:
-    """What `json` writes for a profile: its fields rounded, indent 1, ASCII."""
+    """What `json` writes for a profile: its fields rounded, indent 1, ASCII; a group's
+    `fingerprint` left out where it is None and a rank's `composites` where it has none (as files
+    written before they were recorded hold them)."""
     plain = _rounded(dataclasses.asdict(p))
+    for st in plain["stages"]:
+        for g in st["groups"]:
+            if g["fingerprint"] is None:
+                del g["fingerprint"]
+    for rank in plain["ranks"]:
+        if not rank["composites"]:
+            del rank["composites"]
     return json.dumps(plain, indent=1, ensure_ascii=True, allow_nan=False) + "\n"
 
 
@@ -60,8 +76,10 @@ def test_the_committed_profile_is_written_back_byte_for_byte() -> None:
     p = load_profile(path)
     assert p.extra and p.timeline and p.gradients
     assert dump_profile(p) == path.read_text()
-    fresh = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4)  # floats unrounded
-    assert dump_profile(fresh) == _as_json_writes(fresh)
+    for schedule in ("ZBVZeroBubble", "DualPipeV"):  # DualPipeV's ranks hold composites
+        fresh = make_profile(schedule=schedule, ranks=2, microbatches=4)  # floats unrounded
+        assert dump_profile(fresh) == _as_json_writes(fresh)
+        assert parse_profile(json.loads(dump_profile(fresh))).ranks == fresh.ranks
 
 
 def test_dump_profile_writes_odd_extras_as_json_does() -> None:
@@ -153,3 +171,177 @@ def test_nan_and_truncated_json(tmp_path: Path) -> None:
     for empty in ("", "\n  \n"):
         with pytest.raises(InputError, match=r"profile .* is empty; create one with"):
             load_profile(_write(tmp_path, empty))
+
+
+# --- non-finite and degenerate numbers: refused at load, never written ------------------------
+
+
+def _write_big(tmp_path: Path, d) -> Path:
+    """`d` as JSON text with every infinity written `1e999` (which `json` reads as one: the way
+    an infinity gets into a file JSON's grammar has no word for)."""
+    text = json.dumps(d).replace("-Infinity", "-1e999").replace("Infinity", "1e999")
+    return _write(tmp_path, text)
+
+
+def _timed(d) -> dict:
+    """`_data()` with the measured-only fields a synthetic profile leaves out filled in."""
+    stat = {"median": 1.0, "p10": 1.0, "p90": 1.0, "n": 3}
+    d["step_ms"] = dict(stat)
+    d["ranks"][0]["optimizer_ms"] = dict(stat)
+    d["timeline"] = [
+        {"action": d["ranks"][0]["actions"][0], "rank": 0, "start_ms": 0.0, "end_ms": 1.0}
+    ]
+    d["loss"], d["val_loss"] = [2.0, 1.5], [1.9]
+    return d
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where"),
+    [
+        # free-form fields, which no type checks: the loader walks them
+        (lambda d: d["extra"].update(x=math.inf), "extra.x"),
+        (lambda d: d["extra"].update(self_check={"error": -math.inf}), "extra.self_check.error"),
+        (lambda d: d["extra"].update(runs=[{"ms": [1.0, math.inf]}]), "extra.runs.0.ms.1"),
+        (lambda d: d["provenance"]["job"].update(forward_ms=math.inf), "provenance.job.forward_ms"),
+        # typed fields: pydantic, through the same one line
+        (lambda d: d.update(loss=[1.0, math.inf]), "loss.1"),
+        (lambda d: d.update(val_loss=[math.inf]), "val_loss.0"),
+        (lambda d: d["actions"][2]["cost_ms"].update(p90=math.inf), "actions.2.cost_ms.p90"),
+        (lambda d: d["lags"][0]["ms"].update(median=math.inf), "lags.0.ms.median"),
+        (lambda d: d["step_ms"].update(p10=math.inf), "step_ms.p10"),
+        (lambda d: d["ranks"][0]["optimizer_ms"].update(median=math.inf), "ranks.0.optimizer_ms"),
+        (lambda d: d["timeline"][0].update(end_ms=math.inf), "timeline.0.end_ms"),
+        (
+            lambda d: d["gradients"][0]["microbatch_sq_norms"][0].__setitem__(1, math.inf),
+            "gradients.0.microbatch_sq_norms.0.1",
+        ),
+        (
+            lambda d: d["stages"][1]["groups"][0]["weight_grad_ms"].update(median=math.inf),
+            "stages.1.groups.0.weight_grad_ms.median",
+        ),
+    ],
+)
+def test_a_non_finite_number_anywhere_is_refused_naming_its_field(
+    tmp_path: Path, mutate, where: str
+) -> None:
+    d = _timed(_data())
+    load_profile(_write(tmp_path, d))  # the base is valid
+    mutate(d)
+    with pytest.raises(InputError, match=rf"invalid profile at {re.escape(where)}\b") as e:
+        load_profile(_write_big(tmp_path, d))
+    assert "\n" not in str(e.value) and "finite" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where", "why"),
+    [
+        (
+            lambda d: d["actions"][0]["cost_ms"].update(median=1e308, p90=1e308),
+            "actions.0.cost_ms.median",
+            "over the 1e9 ms a profile's times may be (the solver adds them up",
+        ),
+        (lambda d: d["lags"][1]["ms"].update(p90=1.5e9), "lags.1.ms.p90", "over the 1e9 ms"),
+        (lambda d: d["step_ms"].update(p90=2e9), "step_ms.p90", "over the 1e9 ms"),
+        (
+            lambda d: d["stages"][0]["groups"][1]["weight_grad_ms"].update(p90=1e10),
+            "stages.0.groups.1.weight_grad_ms.p90",
+            "over the 1e9 ms",
+        ),
+        (lambda d: d["timeline"][0].update(end_ms=1e19), "timeline.0.end_ms", "1e18 ms a step"),
+        (
+            lambda d: d["gradients"][1].update(
+                step_sq_norms=[1e101] * len(d["gradients"][1]["step_sq_norms"])
+            ),
+            "gradients.1.step_sq_norms.0",
+            "over the 1e100 the sensitivity estimates can take",
+        ),
+        (
+            lambda d: d["pipeline"].update(microbatch_size=10**400),
+            "pipeline.microbatch_size",
+            "over the 4,294,967,296 samples",
+        ),
+        (
+            lambda d: d["stages"][0]["groups"][0].update(numel=2**60),
+            "stages.0.groups.0.numel",
+            "weigh groups by it as a float",
+        ),
+    ],
+)
+def test_values_past_what_the_arithmetic_stands_are_refused_with_the_reason(
+    tmp_path: Path, mutate, where: str, why: str
+) -> None:
+    d = _timed(_data())
+    mutate(d)
+    with pytest.raises(
+        InputError, match=rf"invalid profile at {re.escape(where)}: .*{re.escape(why)}"
+    ) as e:
+        load_profile(_write(tmp_path, d))
+    assert "\n" not in str(e.value)
+
+
+def test_values_at_the_limits_load() -> None:
+    """The limits are the largest values allowed, not the first refused."""
+    from freezeopt.formats.profile import (
+        MAX_MICROBATCH_SIZE,
+        MAX_MS,
+        MAX_SQ_NORM,
+        MAX_STEP_MS,
+        parse_profile,
+    )
+
+    d = _timed(_data())
+    for a in d["actions"]:
+        a["cost_ms"].update(median=MAX_MS, p10=MAX_MS, p90=MAX_MS)
+    d["timeline"][0].update(end_ms=MAX_STEP_MS)
+    d["gradients"][0]["step_sq_norms"][0] = MAX_SQ_NORM
+    d["pipeline"]["microbatch_size"] = MAX_MICROBATCH_SIZE
+    p = parse_profile(d)
+    assert p.actions[0].cost_ms.median == MAX_MS and p.timeline[0].end_ms == MAX_STEP_MS
+
+
+def test_all_zero_action_costs_are_refused_and_zero_group_costs_load(tmp_path: Path) -> None:
+    zero = {"median": 0.0, "p10": 0.0, "p90": 0.0, "n": 1}
+    d = _data()
+    for st in d["stages"]:
+        for g in st["groups"]:
+            g["weight_grad_ms"] = dict(zero)
+    assert load_profile(_write(tmp_path, d))  # nothing to freeze, but a step to run: fine
+    for a in d["actions"]:
+        a["cost_ms"] = dict(zero)
+    with pytest.raises(InputError, match="every action costs 0 ms: there is nothing to optimise"):
+        load_profile(_write(tmp_path, d))
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (
+            lambda p: dataclasses.replace(p, extra={"data": {"seen": [1.0, math.nan]}}),
+            "extra.data.seen.1",
+        ),
+        (lambda p: dataclasses.replace(p, loss=(1.0, math.nan)), "loss.1"),
+        (
+            lambda p: dataclasses.replace(
+                p,
+                actions=(
+                    dataclasses.replace(
+                        p.actions[0], cost_ms=dataclasses.replace(p.actions[0].cost_ms, median=5e9)
+                    ),
+                    *p.actions[1:],
+                ),
+            ),
+            "actions.0.cost_ms.median",
+        ),
+    ],
+)
+def test_save_profile_never_writes_what_the_loader_refuses(
+    tmp_path: Path, change, where: str
+) -> None:
+    out = tmp_path / "p.json"
+    with pytest.raises(
+        InputError,
+        match=rf"^profile {re.escape(str(out))} \(not written\): invalid profile at {re.escape(where)}\b",
+    ) as e:
+        save_profile(change(make_profile()), out)
+    assert "\n" not in str(e.value)
+    assert not out.exists()

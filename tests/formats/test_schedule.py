@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
 from freezeopt.errors import InputError, MismatchError
+from freezeopt.formats.fingerprint import fingerprint_of
 from freezeopt.formats.profile import profile_sha256
 from freezeopt.formats.schedule import (
     Phases,
@@ -17,6 +19,7 @@ from freezeopt.formats.schedule import (
     load_schedule,
     parse_microbatches,
     parse_schedule,
+    save_schedule,
 )
 from freezeopt.model.dag import build_dag, schedule_plan
 from freezeopt.model.sensitivity import estimate_signal
@@ -143,6 +146,15 @@ def _valid_data():
             r"stage_to_rank names rank 9, but world_size is",
         ),
         (lambda d: d["phases"].update(warmup_steps=-1), "phases.warmup_steps"),
+        (lambda d: d["pipeline"].update(fingerprints=[["1-0123456789abcdef"]]), "lists 1 stages"),
+        (
+            lambda d: d["pipeline"].update(fingerprints=[["1-0123456789abcdef"], []]),
+            "has 1 for stage 0's 2 groups",
+        ),
+        (
+            lambda d: d["pipeline"].update(fingerprints=[["1-0123456789abcdef", "x"], []]),
+            r"pipeline\.fingerprints\.0\.1",
+        ),
     ],
 )
 def test_invalid_files_are_refused_with_one_line(mutate, msg: str) -> None:
@@ -216,3 +228,97 @@ def test_other_profile_of_same_pipeline_warns() -> None:
     assert check_fits(sched, other, profile_sha256=profile_sha256(other))
     same = make_profile(seed=0)
     assert check_fits(sched, same, profile_sha256=profile_sha256(same)) == []
+
+
+def _fingerprinted(profile, width: int):
+    """`profile` with a fingerprint on every group, as `freezeopt profile` records them: group g
+    of a stage holds a `width` × (`width` + g) weight."""
+    stages = tuple(
+        dataclasses.replace(
+            st,
+            groups=tuple(
+                dataclasses.replace(g, fingerprint=fingerprint_of([((width, width + i), "f32")]))
+                for i, g in enumerate(st.groups)
+            ),
+        )
+        for st in profile.stages
+    )
+    return dataclasses.replace(profile, stages=stages)
+
+
+def test_fingerprints_are_copied_and_a_profile_of_another_model_is_refused(
+    tmp_path: Path,
+) -> None:
+    wide = _fingerprinted(make_profile(), 256)
+    _, _, sched = _schedule(wide, mode="heuristic", budget=0.1)
+    assert sched.pipeline.fingerprints == tuple(
+        tuple(g.fingerprint for g in st.groups) for st in wide.stages
+    )
+    text = dump_schedule(sched)
+    assert text == dump_schedule(_schedule(wide, mode="heuristic", budget=0.1)[2])
+    assert "fingerprints:\n  - [65536-" in text
+    save_schedule(sched, tmp_path / "s.yaml")
+    assert load_schedule(tmp_path / "s.yaml").pipeline == sched.pipeline
+    assert check_fits(sched, wide) == []
+    with pytest.raises(MismatchError) as e:
+        check_fits(sched, _fingerprinted(make_profile(), 128))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "stage 0's group s0.g0 is 65536-" in msg and "but 16384-" in msg
+    assert "re-solve with `freezeopt solve`" in msg
+    # one side without fingerprints (synth's profiles, older files): only the names are checked
+    assert check_fits(sched, make_profile()) == []
+    _, _, plain = _schedule(make_profile(), mode="heuristic", budget=0.1)
+    assert plain.pipeline.fingerprints is None and "fingerprints" not in dump_schedule(plain)
+    assert check_fits(plain, wide) == []
+
+
+# --- non-finite and out-of-range numbers ---------------------------------------------------------
+
+
+def _schedule_yaml(**kw) -> str:
+    return dump_schedule(_schedule(make_profile(), mode="heuristic", budget=0.3, **kw)[2])
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("prediction", "baseline_ms"), ".inf"),
+        (("prediction", "gap"), "-.inf"),
+        (("provenance", "budget"), ".nan"),
+        (("provenance", "tolerance"), ".inf"),
+        (("phases", "drift", "loss_rise"), ".nan"),
+        (("phases", "drift", "step_time_error"), ".inf"),
+        (("phases", "warmup_steps"), ".inf"),
+        (("realisation", "seed"), ".nan"),
+    ],
+)
+def test_a_non_finite_number_is_refused_naming_its_field(
+    tmp_path: Path, path: tuple[str, ...], value: str
+) -> None:
+    data = yaml.safe_load(_schedule_yaml())
+    holder = data
+    for k in path[:-1]:
+        holder = holder[k]
+    holder[path[-1]] = "PLACEHOLDER"
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(data, sort_keys=False).replace("PLACEHOLDER", value))
+    with pytest.raises(InputError, match=rf"invalid schedule at {'.'.join(path)}: .*finite") as e:
+        load_schedule(f)
+    assert "\n" not in str(e.value)
+
+
+def test_a_prediction_past_any_step_a_profile_can_give_is_refused(tmp_path: Path) -> None:
+    from freezeopt.formats.profile import MAX_STEP_MS
+
+    data = yaml.safe_load(_schedule_yaml())
+    data["prediction"]["predicted_ms"] = MAX_STEP_MS
+    assert parse_schedule(data).prediction.predicted_ms == MAX_STEP_MS  # the limit itself is fine
+    for name in ("baseline_ms", "all_frozen_ms", "lp_bound_ms", "predicted_ms"):
+        bad = yaml.safe_load(_schedule_yaml())
+        bad["prediction"][name] = 1e308
+        with pytest.raises(
+            InputError,
+            match=rf"invalid schedule at prediction\.{name}: 1e\+308 ms is over the 1e18 ms",
+        ):
+            parse_schedule(bad)

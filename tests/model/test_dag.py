@@ -8,7 +8,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from freezeopt.actions import Action
+from freezeopt.actions import Action, parse_action
 from freezeopt.errors import InputError
 from freezeopt.formats.profile import RankProfile
 from freezeopt.model.dag import build_dag
@@ -28,10 +28,19 @@ def test_every_schedule_builds_an_acyclic_complete_dag(schedule: str, ranks: int
     # one F per (stage, mb), one backward (B or I+W)
     n_f = sum(1 for a in dag.order if a.kind == "F")
     assert n_f == dag.n_stages * mbs
-    # activations flow forward, gradients flow back
+    # activations flow forward (a composite's sends to another rank leave after all of it)
+    end_of = {
+        parse_action(t): parse_action(run[-1])
+        for rp in p.ranks
+        for run in rp.composites
+        for t in run
+    }
     for m in range(mbs):
         for s in range(dag.n_stages - 1):
-            assert dag.graph.has_edge(Action(s, "F", m), Action(s + 1, "F", m))
+            f, nxt = Action(s, "F", m), Action(s + 1, "F", m)
+            src = end_of.get(f, f) if dag.rank_of[f] != dag.rank_of[nxt] else f
+            assert dag.graph.has_edge(src, nxt)
+    assert bool(end_of) == (schedule == "DualPipeV")
     # topological order respects every edge
     pos = {a: i for i, a in enumerate(dag.order)}
     assert all(pos[u] < pos[v] for u, v in dag.graph.edges)

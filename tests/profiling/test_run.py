@@ -24,8 +24,9 @@ from freezeopt.formats.profile import Profile, load_profile
 from freezeopt.model.dag import build_dag
 from freezeopt.model.simulate import simulate
 from freezeopt.profiling.run import ProfileReport, format_report, profile_job
-from freezeopt.torchpp.adapter import schedule_actions
+from freezeopt.torchpp.adapter import schedule_actions, schedule_composites
 from freezeopt.torchpp.job import Job, load_job, replace_job
+from freezeopt.torchpp.pipeline import plan_pipeline, preflight_model
 
 SMALL = {
     "warmup_steps": 1,
@@ -193,6 +194,61 @@ def test_v1_files_without_a_timeline_still_load(
     assert load_profile(tmp_path / "old.json").timeline == ()
 
 
+def test_fingerprints_go_into_the_schedule_and_refuse_a_model_of_another_width(
+    builtin: tuple[Profile, ProfileReport, Job, Path], tmp_path: Path
+) -> None:
+    """Profiled at d_model 32, solved: `validate` passes on the profile and refuses one of another
+    width, `train` refuses the job at d_model 16 (same stages and group names) before any rank
+    starts, exit code 4, one line; an older profile without fingerprints still loads."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from freezeopt.cli import app
+
+    p, _, job, path = builtin
+    model = preflight_model(job, plan_pipeline(job))
+    assert model is not None
+    fps = tuple(tuple(g.fingerprint for g in st.groups) for st in p.stages)
+    assert fps == tuple(model.fingerprints[s] for s in range(len(p.stages)))  # meta = real
+    assert [int(fp.split("-")[0]) for row in fps for fp in row] == [
+        g.numel for st in p.stages for g in st.groups
+    ]
+    cli = CliRunner()
+    sched = tmp_path / "s.yaml"
+    r = cli.invoke(app, ["solve", str(path), "--budget", "0.2", "-o", str(sched)])
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(sched.read_text())["pipeline"]["fingerprints"] == [list(x) for x in fps]
+    assert cli.invoke(app, ["validate", str(sched), "--profile", str(path)]).exit_code == 0
+
+    data = json.loads(path.read_text())
+    data["stages"][1]["groups"][0]["fingerprint"] = "1-0123456789abcdef"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    r = cli.invoke(app, ["validate", str(sched), "--profile", str(other)])
+    assert r.exit_code == 4 and r.stderr.count("\n") == 1, r.output
+    assert "of stage 1's group blocks.2 is" in r.stderr and "freezeopt solve" in r.stderr
+
+    spec = tmp_path / "narrow.yaml"
+    narrow = {**job.to_dict(), "model_args": {**job.model_args, "d_model": 16}}
+    spec.write_text(yaml.safe_dump({k: v for k, v in narrow.items() if v is not None}))
+    run_dir = tmp_path / "run"
+    argv = ["train", str(spec), "--schedule", str(sched), "--steps", "2", "--out-dir", str(run_dir)]
+    r = cli.invoke(app, argv)
+    assert r.exit_code == 4 and r.stderr.count("\n") == 1, r.output
+    assert r.stderr.startswith(
+        f"error: schedule {sched} does not fit job {job.name}: the fingerprint"
+    )
+    assert "of stage 0's group blocks.0 is" in r.stderr and "freezeopt profile" in r.stderr
+    assert not run_dir.exists()  # nothing started
+
+    for st in data["stages"]:  # written before fingerprints: loads, and only names are checked
+        for g in st["groups"]:
+            del g["fingerprint"]
+    other.write_text(json.dumps(data))
+    assert load_profile(other).stages[0].groups[0].fingerprint is None
+    assert cli.invoke(app, ["validate", str(sched), "--profile", str(other)]).exit_code == 0
+
+
 # --- every schedule ---------------------------------------------------------------------------------
 
 SPLIT = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
@@ -217,6 +273,11 @@ def test_every_schedule_at_two_ranks(schedule: str, tmp_path: Path) -> None:
     assert p.pipeline.n_stages == 2 * spr and report.order_ok
     expected = schedule_actions(schedule, world_size=2, stages_per_rank=spr, n_microbatches=4)
     assert [list(rp.actions) for rp in p.ranks] == [[str(a) for a in row] for row in expected]
+    runs = schedule_composites(schedule, world_size=2, stages_per_rank=spr, n_microbatches=4)
+    assert [list(map(list, rp.composites)) for rp in p.ranks] == [
+        [[str(a) for a in run] for run in row] for row in runs
+    ]
+    assert any(rp.composites for rp in p.ranks) == (schedule == "DualPipeV")
     if schedule in SPLIT:
         # torch runs stage 0's whole backward in W; its I computes nothing
         cost = {ac.action: ac.cost_ms.median for ac in p.actions}
@@ -416,6 +477,36 @@ def test_fault_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         profile_job(small_job(), out=tmp_path / "x.json", progress=False)
     assert str(e.value).startswith("rank 0 failed in step 1")
     shutil.rmtree(_log_of(str(e.value)).parent)
+
+
+def test_a_nan_loss_stops_profiling_at_that_step_with_one_line_and_exit_6(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loss of step 2 (the first measured one after a warm-up step) is NaN: the run stops
+    there, not after its measured steps, cost rounds and lags, with one line naming the step and
+    the learning rate, exit code 6, no traceback and no profile. The library raises
+    DivergedError; what the measurement would have written never gets near the file."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from freezeopt.cli import app
+    from freezeopt.errors import DivergedError
+
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(small_job(measure_steps=6).to_dict()))
+    out = tmp_path / "p.json"
+    monkeypatch.setenv("FREEZEOPT_FAULT", "nan_loss:step=2")
+    r = CliRunner().invoke(app, ["profile", str(job_file), "-o", str(out), "--no-progress"])
+    assert r.exit_code == 6, r.output
+    assert "Traceback" not in r.output and r.stdout == ""
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("error: rank 1: the training loss was nan at step 2 of 7"), line
+    assert "no profile was written" in line and "lr: 0.001" in line
+    assert not out.exists()
+    monkeypatch.delenv("FREEZEOPT_FAULT")
+    with pytest.raises(DivergedError, match="at step 0 of 7"):  # warm-up steps count too
+        profile_job(small_job(measure_steps=6), out=out, progress=False, fault="nan_loss:step=0")
+    assert not out.exists()
 
 
 # --- under torchrun ----------------------------------------------------------------------------------

@@ -195,3 +195,60 @@ dist.destroy_process_group()
     assert lines[0] == "None FSDP2 (fully_shard) DDP"
     assert lines[1].startswith("refused: stage 1's module is wrapped by FSDP2 (fully_shard):")
     assert lines[2].startswith("refused: stage 1's module is wrapped by DDP:")
+
+
+def test_enable_freezing_has_the_controller_check_the_groups() -> None:
+    """Given a controller's `frozen_groups`, `enable_freezing` holds the groups to the schedule's
+    fingerprints before it patches anything: a schedule solved at width 16 refuses a stage of
+    width 8 (same group names) in one line, and the stage stays stock."""
+    import dataclasses
+    import types
+
+    from freezeopt.errors import MismatchError
+    from freezeopt.formats.fingerprint import fingerprint
+    from freezeopt.formats.profile import profile_sha256
+    from freezeopt.formats.schedule import Phases
+    from freezeopt.model.dag import build_dag
+    from freezeopt.model.sensitivity import estimate_signal
+    from freezeopt.solver import SolveOptions, schedule_from_result, solve
+    from freezeopt.training.runtime import FreezeController
+    from tests.conftest import make_profile
+
+    def stage(width: int) -> tuple[types.SimpleNamespace, list[list[torch.nn.Parameter]]]:
+        mod = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, width))
+        st = types.SimpleNamespace(
+            submod=mod,
+            stage_index=0,
+            backward_one_chunk=lambda *a, **k: None,
+            backward_weight_one_chunk=lambda *a, **k: None,
+            backward_maybe_with_nosync=lambda *a, **k: None,
+        )
+        return st, [list(mod[0].parameters()), list(mod[1].parameters())]
+
+    profile = make_profile()  # 2 groups a stage, s0.g0 and s0.g1 on stage 0
+    opts = SolveOptions(mode="heuristic", budget=0.5)
+    dag = build_dag(profile)
+    base = schedule_from_result(
+        solve(dag, estimate_signal(profile), opts),
+        profile=profile,
+        profile_sha256=profile_sha256(profile),
+        dag=dag,
+        opts=opts,
+        phases=Phases(),
+    )
+    _, wide = stage(16)
+    fps = tuple(tuple(fingerprint(g) for g in wide) for _ in base.pipeline.groups)
+    sched = dataclasses.replace(base, pipeline=dataclasses.replace(base.pipeline, fingerprints=fps))
+    ctrl = FreezeController(sched, stages=[0])
+    narrow_stage, narrow = stage(8)
+    stock = narrow_stage.backward_maybe_with_nosync
+    with pytest.raises(MismatchError, match=r"^stage 0's group s0\.g0 holds other parameters") as e:
+        enable_freezing(narrow_stage, narrow, ctrl.frozen_groups)
+    assert "\n" not in str(e.value)
+    assert narrow_stage.backward_maybe_with_nosync is stock  # nothing patched
+    wide_stage, wide = stage(16)
+    wide_stock = wide_stage.backward_maybe_with_nosync
+    enable_freezing(wide_stage, wide, ctrl.frozen_groups)
+    assert wide_stage.backward_maybe_with_nosync is not wide_stock  # patched
+    # another callable: the caller's own business (freezeopt train checks its groups itself)
+    enable_freezing(narrow_stage, narrow, lambda s, m: ctrl.frozen_groups(s, m))

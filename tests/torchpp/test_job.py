@@ -16,8 +16,8 @@ import torch
 from freezeopt.errors import InputError
 from freezeopt.examples import builtin_job_path
 from freezeopt.examples.tiny_gpt import build_model, stdlib_bytes, stdlib_files
-from freezeopt.profiling.run import profile_job
-from freezeopt.torchpp.faults import RANK_FAULTS, parse_faults
+from freezeopt.profiling.run import _one_rank_fault, profile_job
+from freezeopt.torchpp.faults import RANK_FAULTS, Fault, parse_faults
 from freezeopt.torchpp.job import (
     Job,
     ModelParts,
@@ -75,6 +75,39 @@ def test_bad_specs_give_one_clear_line(data: object, needle: str) -> None:
     with pytest.raises(InputError) as e:
         parse_job(data, source="job.yaml")
     assert needle in one_line(e)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("lr: .inf", "invalid job spec at lr: Input should be a finite number"),
+        ("lr: 1e999", "invalid job spec at lr: Input should be a finite number"),
+        ("weight_decay: .nan", "invalid job spec at weight_decay: Input should be a finite number"),
+        ("hang_timeout_s: .inf", "invalid job spec at hang_timeout_s: Input should be a finite"),
+        # free-form arguments: passed to user code and recorded in the profile
+        (
+            "model_args: {d_model: .nan}",
+            "invalid job spec at model_args.d_model: nan is not a finite",
+        ),
+        ("data_args: {w: [1, -.inf]}", "invalid job spec at data_args.w.1: -inf is not a finite"),
+        ("data_args: {a: {b: .inf}}", "invalid job spec at data_args.a.b: inf is not a finite"),
+        # past what the run can use: a timedelta overflows, torch's seed has 64 bits
+        ("hang_timeout_s: 1.0e+300", "at hang_timeout_s: Input should be less than or equal to"),
+        ("timeout_s: 1.0e+12", "at timeout_s: Input should be less than or equal to"),
+        ("seed: 18446744073709551616", "at seed: Input should be less than or equal to 4294967295"),
+        ("seed: -1", "at seed: Input should be greater than or equal to 0"),
+    ],
+)
+def test_non_finite_and_out_of_range_numbers_are_refused_at_load(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text(f"name: x\n{text}\n")
+    with pytest.raises(InputError) as e:
+        load_job(f)
+    assert needle in one_line(e)
+    with pytest.raises(InputError, match="seed"):  # the command line's overrides too
+        replace_job(load_job("tiny-gpt"), seed=2**64)
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
@@ -218,6 +251,11 @@ def test_fault_spec_parsing() -> None:
     with pytest.raises(InputError) as e:
         profile_job(small(), out=Path("unused.json"), progress=False, fault="crash:rank=5,step=0")
     assert "rank 5" in one_line(e)
+    # profile takes nan_loss too (a diverging run); and a value must be a finite number
+    assert _one_rank_fault("nan_loss:step=2,steps=3") == Fault(kind="nan_loss", step=2, steps=3)
+    for text in ("lr_spike:step=inf", "slow:stage=0,ms=nan", "lr_spike:step=1,factor=-inf"):
+        with pytest.raises(InputError, match="is not a finite number"):
+            parse_faults(text)
 
 
 # --- parameter groups ------------------------------------------------------------------------------

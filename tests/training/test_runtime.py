@@ -6,8 +6,10 @@ import dataclasses
 import math
 
 import pytest
+import torch
 
 from freezeopt.errors import InputError, MismatchError
+from freezeopt.formats.fingerprint import fingerprint
 from freezeopt.formats.profile import profile_sha256
 from freezeopt.formats.schedule import Drift, Phases
 from freezeopt.model.dag import build_dag
@@ -316,3 +318,67 @@ def test_end_step_without_the_inputs_of_a_drift_rule_warns_once() -> None:
         for step in range(25):
             full.begin_step(step)
             full.end_step(loss=3.0, grad_norms={"s0.g0": 1.0}, step_ms=10.0)  # everything given
+
+
+# --- the groups held to the schedule's fingerprints ---------------------------------------------
+
+
+def _groups(width: int) -> list[list[torch.nn.Parameter]]:
+    """Two groups of real parameters, as a loop of one's own passes them (no names)."""
+    return [
+        list(torch.nn.Linear(width, width).parameters()),
+        list(torch.nn.Linear(width, 2 * width).parameters()),
+    ]
+
+
+def _fingerprinted(sched, width: int):
+    fps = tuple(tuple(fingerprint(g) for g in _groups(width)) for _ in sched.pipeline.groups)
+    return dataclasses.replace(
+        sched, pipeline=dataclasses.replace(sched.pipeline, fingerprints=fps)
+    )
+
+
+def test_groups_of_another_width_are_refused_with_one_line() -> None:
+    base = _schedule()
+    sched = _fingerprinted(base, 256)
+    c = FreezeController(sched, stages=[0, 1])
+    c.check_groups(0, _groups(256))
+    c.check_groups(1, [list(reversed(g)) for g in _groups(256)])  # order inside a group: free
+    with pytest.raises(MismatchError) as e:
+        c.check_groups(0, _groups(128))
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("stage 0's group s0.g0 holds other parameters than the schedule was")
+    assert f"{128 * 128 + 128}-" in msg and f"{256 * 256 + 256}-" in msg
+    assert msg.endswith("profile and solve this model (`freezeopt profile` → `freezeopt solve`)")
+    with pytest.raises(MismatchError, match=r"stage 1's group s1\.g0"):
+        c.check_groups(1, _groups(256)[::-1])  # the groups in another order
+    with pytest.raises(MismatchError, match=r"1 parameter groups given, but the schedule has 2"):
+        c.check_groups(0, _groups(256)[:1])
+    with pytest.raises(MismatchError, match="stage 5 is not in"):
+        c.check_groups(5, _groups(256))
+    # a schedule without fingerprints (synth's profiles, older files): the count only
+    FreezeController(base, stages=[0]).check_groups(0, _groups(128))
+
+
+def test_tensor_units_are_checked_group_by_group() -> None:
+    """For the `random_tensors` realisation the loop passes one unit per tensor (what
+    `enable_freezing` gets); the controller regroups them by the tensor counts."""
+    sched = _realised(_fingerprinted(_schedule(), 64), kind="random_tensors")
+    c = FreezeController(sched, stages=[0], tensors={0: [2, 2]})
+    c.check_groups(0, [[p] for g in _groups(64) for p in g])
+    c.check_groups(0, _groups(64))  # or the groups themselves
+    with pytest.raises(MismatchError, match=r"stage 0's group s0\.g0"):
+        c.check_groups(0, [[p] for g in _groups(32) for p in g])
+
+
+def test_a_replan_with_fingerprints_replaces_a_plan_without() -> None:
+    """A re-plan is solved from the profile: its fingerprints may be new beside an older
+    schedule's none; what else the pipeline says must still agree."""
+    old = _schedule()
+    c = FreezeController(old, stages=[0])
+    c.set_schedule(_fingerprinted(old, 64))
+    c.set_schedule(old)
+    other = dataclasses.replace(old, pipeline=dataclasses.replace(old.pipeline, n_microbatches=8))
+    with pytest.raises(MismatchError, match="same pipeline"):
+        c.set_schedule(_fingerprinted(other, 64))

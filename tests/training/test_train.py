@@ -25,6 +25,7 @@ from freezeopt.actions import parse_action
 from freezeopt.commands import solve_file
 from freezeopt.errors import DivergedError, InputError, MismatchError, RankFailedError
 from freezeopt.examples.tiny_gpt import build_model, stdlib_bytes
+from freezeopt.formats.fingerprint import fingerprint
 from freezeopt.formats.profile import load_profile
 from freezeopt.formats.schedule import Drift, Phases
 from freezeopt.model.timelines import simulate_files
@@ -32,7 +33,7 @@ from freezeopt.profiling.run import profile_job
 from freezeopt.solver import SolveOptions
 from freezeopt.torchpp.faults import damage_file
 from freezeopt.torchpp.job import Job, load_job, replace_job
-from freezeopt.torchpp.pipeline import plan_pipeline, preflight
+from freezeopt.torchpp.pipeline import plan_pipeline, preflight_model
 from freezeopt.training.options import CheckpointOptions, PhaseOverrides, TrainOptions
 from freezeopt.training.train import TrainReport, format_train_report, train_job
 
@@ -67,10 +68,12 @@ def write_schedule(
     ratios: dict[int, dict[str, dict[int, float]]] | None = None,
     realisation: dict[str, Any] | None = None,
 ) -> Path:
-    """A hand-made schedule file that fits `job` (prediction: 10 ms without freezing, 9 ms with)."""
+    """A hand-made schedule file that fits `job` (prediction: 10 ms without freezing, 9 ms with),
+    its groups' fingerprints those of the job's model (as `freezeopt profile` records them)."""
     plan = plan_pipeline(job)
-    groups = preflight(job, plan)
-    assert groups is not None
+    model = preflight_model(job, plan)
+    assert model is not None
+    groups = model.groups
     data = {
         "schema_version": 1,
         "provenance": {
@@ -91,6 +94,7 @@ def write_schedule(
             "n_microbatches": job.microbatches,
             "stage_to_rank": list(plan.stage_rank),
             "groups": [[g for g, _ in groups[s]] for s in range(plan.n_stages)],
+            "fingerprints": [list(model.fingerprints[s]) for s in range(plan.n_stages)],
         },
         "phases": {
             "warmup_steps": warmup,
@@ -460,6 +464,12 @@ def test_timelyfreeze_realisation_random_tensors(tmp_path: Path) -> None:
         ({"ranks": 4}, "ranks is 2 in the schedule but 4"),
         ({"model_args": {**SMALL["model_args"], "n_layers": 8}}, "stage 0's group list"),
         ({"groups": {"all": ["*"]}}, "stage 0's group list"),
+        # the same shape and group names at another width: the groups' fingerprints differ
+        (
+            {"model_args": {**SMALL["model_args"], "d_model": 16}},
+            "the fingerprint (element count-hash of shapes and dtypes) of stage 0's group "
+            "blocks.0 is",
+        ),
     ],
 )
 def test_a_schedule_for_another_job_is_refused_before_training(
@@ -474,6 +484,56 @@ def test_a_schedule_for_another_job_is_refused_before_training(
     msg = str(e.value)
     assert what in msg and "\n" not in msg and "freezeopt solve" in msg
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+NO_META = """
+import torch
+from torch import nn
+from freezeopt.torchpp.job import ModelParts
+
+
+def build(n_stages, seq_len, width=16):
+    if torch.empty(0).is_meta:
+        raise RuntimeError("this model does not build on the meta device")
+    head = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, 256))
+    def loss_fn(logits, targets):
+        return nn.functional.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1))
+    return ModelParts(stages=[nn.Embedding(256, width), head], loss_fn=loss_fn)
+"""
+
+
+def test_the_ranks_check_the_fingerprints_of_a_model_the_meta_device_cannot_build(
+    tmp_path: Path,
+) -> None:
+    """Where the parent cannot build the model on the meta device, each rank holds its real
+    parameters to the schedule's fingerprints before the first step: the same one line, exit 4."""
+    import importlib.util
+
+    (tmp_path / "nometa.py").write_text(NO_META)
+    spec = importlib.util.spec_from_file_location("nometa", tmp_path / "nometa.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    wide = mod.build(2, 16, width=16).stages
+    data = yaml.safe_load(write_schedule(tmp_path / "base.yaml", small_job(), {}).read_text())
+    data["pipeline"]["groups"] = [["params"], ["0", "2"]]
+    data["pipeline"]["fingerprints"] = [
+        [fingerprint(wide[0].parameters())],
+        [fingerprint(wide[1][0].parameters()), fingerprint(wide[1][2].parameters())],
+    ]
+    sched = tmp_path / "s.yaml"
+    sched.write_text(yaml.safe_dump(data))
+    job = tmp_path / "job.yaml"
+    narrow = {**SMALL, "name": "nometa", "model": "nometa:build", "model_args": {"width": 8}}
+    job.write_text(yaml.safe_dump(narrow))
+    with pytest.raises(MismatchError) as e:
+        train_job(
+            job, TrainOptions(schedule=sched, steps=2, out_dir=tmp_path / "run", progress=False)
+        )
+    msg = str(e.value)
+    assert "\n" not in msg and "stage 0's group params holds other parameters" in msg, msg
+    assert f"{256 * 8}-" in msg and f"{256 * 16}-" in msg and "freezeopt profile" in msg
+    assert not (tmp_path / "run" / "report.json").exists()
 
 
 def test_bad_options_are_refused(tmp_path: Path) -> None:
@@ -718,6 +778,8 @@ def test_the_readme_loop_example_runs(tmp_path: Path) -> None:
     sched = tmp_path / "s.yaml"
     data = yaml.safe_load(write_schedule(tmp_path / "base.yaml", small_job(), {}).read_text())
     data["pipeline"]["groups"] = [["a", "b"], ["a", "b"]]
+    # _Chunk's groups: the README's enable_freezing has the controller check them
+    data["pipeline"]["fingerprints"] = [[fingerprint(torch.nn.Linear(8, 8).parameters())] * 2] * 2
     data["frozen"] = {0: {"b": "0-1"}, 1: {"a": "0-3"}}  # stage 1's `a` in every microbatch
     sched.write_text(yaml.safe_dump(data))
     src = code.group(1).replace("schedules/my-job.yaml", str(sched))

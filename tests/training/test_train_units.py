@@ -173,12 +173,23 @@ def test_action_log_is_read_and_checked(tmp_path: Path) -> None:
     path.write_text(json.dumps(doc))
     with pytest.raises(MismatchError, match="exactly the profile's actions"):
         load_action_log(path, dag, schedule="1F1B")
-    for start, end in ((0.0, float("inf")), (-1.0, 2.0), (3.0, 2.0), (float("nan"), 1.0)):
+    for start, end in (
+        (0.0, float("inf")),
+        (-1.0, 2.0),
+        (3.0, 2.0),
+        (float("nan"), 1.0),
+        (0, 1e300),
+    ):
         doc = _log(profile)
         doc["freeze"]["timeline"][0].update(start_ms=start, end_ms=end)
         path.write_text(json.dumps(doc))
         with pytest.raises(InputError, match="times are finite, non-negative"):
             load_action_log(path, dag, schedule="1F1B")
+    doc = _log(profile)
+    doc["freeze"]["step"] = float("inf")  # `1e999` in the file: int() of it overflowed
+    path.write_text(json.dumps(doc).replace("Infinity", "1e999"))
+    with pytest.raises(InputError, match="malformed 'freeze' section"):
+        load_action_log(path, dag, schedule="1F1B")
     path.write_text(json.dumps({"format": "other"}))
     with pytest.raises(InputError, match="not a freezeopt action log"):
         load_action_log(path, dag, schedule="1F1B")
