@@ -141,6 +141,41 @@ CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     (
+        "numbers that break the arithmetic (NaN, inf, 1e308, all-zero costs) refused where they enter; nothing written fails its own validation",
+        (
+            "tests/formats/test_profile.py::test_a_non_finite_number_anywhere_is_refused_naming_its_field",
+            "tests/formats/test_profile.py::test_values_past_what_the_arithmetic_stands_are_refused_with_the_reason",
+            "tests/formats/test_profile.py::test_values_at_the_limits_load",
+            "tests/formats/test_profile.py::test_all_zero_action_costs_are_refused_and_zero_group_costs_load",
+            "tests/formats/test_profile.py::test_save_profile_never_writes_what_the_loader_refuses",
+            "tests/formats/test_schedule.py::test_a_non_finite_number_is_refused_naming_its_field",
+            "tests/formats/test_schedule.py::test_a_prediction_past_any_step_a_profile_can_give_is_refused",
+            "tests/torchpp/test_job.py::test_non_finite_and_out_of_range_numbers_are_refused_at_load",
+            "tests/test_inputs.py::test_a_profile_with_non_finite_or_degenerate_numbers_is_refused_by_every_command",
+            "tests/test_inputs.py::test_synth_refuses_costs_its_profile_could_not_hold",
+            "tests/test_inputs.py::test_a_job_spec_with_a_non_finite_argument_is_refused_before_any_rank_starts",
+            "tests/test_inputs.py::test_a_schedule_with_a_prediction_past_any_step_is_refused",
+            "tests/test_inputs.py::test_a_plan_that_freezes_the_whole_step_away_is_reported_not_divided_by",
+            "tests/test_fuzz.py::test_what_solve_writes_from_an_edge_profile_validates_against_it",
+            "tests/profiling/test_run.py::test_a_nan_loss_stops_profiling_at_that_step_with_one_line_and_exit_6",
+        ),
+    ),
+    (
+        "processes left behind: no child of freezeopt outlives it, whatever signal ends it; its temp files go",
+        ("tests/test_procs.py",),
+    ),
+    (
+        "a schedule for another model: group fingerprints refused on a mismatch",
+        (
+            "tests/formats/test_schedule.py::test_fingerprints_are_copied_and_a_profile_of_another_model_is_refused",
+            "tests/training/test_runtime.py::test_groups_of_another_width_are_refused_with_one_line",
+            "tests/training/test_runtime.py::test_a_replan_with_fingerprints_replaces_a_plan_without",
+            "tests/torchpp/test_freezing.py::test_enable_freezing_has_the_controller_check_the_groups",
+            "tests/profiling/test_run.py::test_fingerprints_go_into_the_schedule_and_refuse_a_model_of_another_width",
+            "tests/training/test_train.py::test_the_ranks_check_the_fingerprints_of_a_model_the_meta_device_cannot_build",
+        ),
+    ),
+    (
         "a non-finite training loss: a drift event, and a run that never recovers exits non-zero",
         (
             "tests/training/test_train.py::test_a_run_that_never_recovers_from_a_nan_loss_says_so_and_exits_non_zero",

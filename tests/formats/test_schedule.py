@@ -108,7 +108,7 @@ def test_plan_reproduces_the_prediction() -> None:
 
     for mode in ("milp", "lp"):
         p = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4)
-        dag, r, sched = _schedule(p, mode=mode, budget=0.3)
+        dag, r, sched = _schedule(p, mode=mode, budget=0.3, time_limit=5)
         text = dump_schedule(sched)
         plan = schedule_plan(parse_schedule(yaml.safe_load(text)), dag)
         # the file rounds ratios to 4 decimals
