@@ -433,7 +433,7 @@ def test_what_solve_writes_from_an_edge_profile_validates_against_it(
         modes = [modes[int(opts["seed"]) % 3]]
     for mode in modes:
         out = tmp_path / f"{mode}.yaml"
-        solve_opts = SolveOptions(mode=mode, time_limit=20, sensitivity=sens, budget=0.3)  # type: ignore[arg-type]
+        solve_opts = SolveOptions(mode=mode, time_limit=5, sensitivity=sens, budget=0.3)  # type: ignore[arg-type]
         solve_file(prof, solve_opts, phases=Phases(), out=out)
         sched, _ = validate_files(out, prof)  # what `validate --profile` runs
         assert sched.prediction.predicted_ms <= sched.prediction.baseline_ms * (1 + 1e-6) + 1e-9
