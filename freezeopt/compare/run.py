@@ -45,6 +45,7 @@ from freezeopt.fileio import atomic_write_bytes, atomic_write_text, check_output
 from freezeopt.formats.profile import load_profile
 from freezeopt.formats.schedule import Drift, Phases, check_phase_flags, save_schedule
 from freezeopt.torchpp.job import Job, open_job
+from freezeopt.tracking import TrackingOptions, track_compare
 
 __all__ = [
     "GANTT_POLICIES",
@@ -173,6 +174,8 @@ class CompareReport:
     unreliable: tuple[str, ...] = ()
     """The runs during which other processes kept the host's cores busy: their step times, and
     every ratio to `none`, are not to be trusted (empty: none was)."""
+    tracked: tuple[str, ...] = ()
+    """Where the comparison was logged (MLflow run, TensorBoard folder); empty: nowhere."""
 
 
 def compare_job(
@@ -182,17 +185,21 @@ def compare_job(
     opts: CompareOptions,
     progress: bool = True,
     command: str | None = None,
+    tracking: TrackingOptions | None = None,
 ) -> CompareReport:
     """Profile `job` once, then train it under each policy; write the report into `out_dir`.
 
     `command` (how the comparison was started) goes into `results.json` with its start, duration
-    and the machine's load average.
+    and the machine's load average. With `tracking`, the finished comparison is logged (a parent
+    run with a child per trained run; `freezeopt.tracking.track_compare`).
     """
     from freezeopt.profiling.run import profile_job
     from freezeopt.training.options import CheckpointOptions, PhaseOverrides, TrainOptions
     from freezeopt.training.train import train_job
 
     check_output_folder(Path(out_dir), "-o")
+    if tracking is not None:
+        tracking.check()
     job_obj = open_job(job)
     if job_obj.val_batches < 1:
         raise InputError(
@@ -319,6 +326,9 @@ def compare_job(
         out_dir / "results.json", json.dumps(asdict(report), indent=1, default=str) + "\n"
     )
     atomic_write_text(out_dir / "report.md", format_report(report) + "\n")
+    if tracking is not None and tracking.enabled:
+        tracked = track_compare(out_dir, tracking)
+        report = dataclasses.replace(report, tracked=tuple(tracked.lines(tracking)))
     return report
 
 

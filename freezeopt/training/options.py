@@ -20,6 +20,7 @@ from pathlib import Path
 from freezeopt.errors import InputError, option
 from freezeopt.formats.schedule import check_phase_flags
 from freezeopt.solver import MODES, Mode
+from freezeopt.tracking.options import TrackingOptions
 
 __all__ = ["CheckpointOptions", "PhaseOverrides", "ReplanOptions", "TrainOptions"]
 
@@ -101,6 +102,8 @@ class TrainOptions:
     phases: PhaseOverrides = field(default_factory=PhaseOverrides)
     checkpoints: CheckpointOptions = field(default_factory=CheckpointOptions)
     replan: ReplanOptions = field(default_factory=ReplanOptions)
+    tracking: TrackingOptions = field(default_factory=TrackingOptions)
+    """Where the run is logged once it ends (MLflow, TensorBoard; default: nowhere)."""
     rescale: bool = True
     """Rescale a group frozen in k of M microbatches by M/(M−k) (False: for comparison)."""
     val_every: int = 0

@@ -629,7 +629,7 @@ class _Trainer:
         dist.broadcast_object_list(box, src=self.plan.stage_rank[self.last])
         val = box[0]
         if val is not None:
-            self.log.add_metrics({"step": at_step, "val_loss": val}, scalar_prefix="val")
+            self.log.add_metrics({"step": at_step, "val_loss": val})
         return float(val) if val is not None else None
 
     # -- checkpoints ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""A training run's logs: `events.jsonl`, `metrics.jsonl` and, where TensorBoard is installed,
-its scalars.
+"""A training run's logs: `events.jsonl` and `metrics.jsonl` (tracking reads them once the run
+has ended: `freezeopt.tracking`).
 
 Rank 0 writes the files; every rank keeps the events (the report counts them). A resumed run
 re-runs the steps after its checkpoint, so opening the logs at step `start` drops the metrics of
@@ -24,7 +24,6 @@ class RunLog:
         self.out, self.writes = out, writes
         self.events: list[dict[str, Any]] = []
         self._files: dict[str, Any] = {}
-        self._tb: Any = None
 
     def open(self, start: int) -> None:
         """Open the files for appending from step `start` on (a resume keeps earlier steps)."""
@@ -43,12 +42,6 @@ class RunLog:
             "events": open(self.out / "events.jsonl", "a"),  # noqa: SIM115 - closed in close()
             "metrics": open(metrics, "a"),  # noqa: SIM115
         }
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.out / "tensorboard"))
-        except ImportError:  # tensorboard is optional
-            self._tb = None
         for ev in self.events:  # events logged before the files were open (resume)
             self._write("events", ev)
 
@@ -57,23 +50,14 @@ class RunLog:
             self.events.append(ev)
             self._write("events", ev)
 
-    def add_metrics(self, rec: dict[str, Any], *, scalar_prefix: str = "train") -> None:
+    def add_metrics(self, rec: dict[str, Any]) -> None:
         """One step's record (`step` and its figures; `grad_norms` per group)."""
         self._write("metrics", rec)
-        if self._tb is not None:
-            step = int(rec["step"])
-            for k, v in rec.items():
-                if isinstance(v, int | float) and not isinstance(v, bool) and k != "step":
-                    self._tb.add_scalar(f"{scalar_prefix}/{k}", v, step)
-            for k, v in rec.get("grad_norms", {}).items():
-                self._tb.add_scalar(f"grad_norm/{k}", v, step)
 
     def close(self) -> None:
         for f in self._files.values():
             f.close()
         self._files = {}
-        if self._tb is not None:
-            self._tb.close()
 
     def _write(self, name: str, obj: dict[str, Any]) -> None:
         f = self._files.get(name)

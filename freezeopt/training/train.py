@@ -25,9 +25,10 @@ Files in `out_dir`: `events.jsonl` (phase changes, drifts, rollbacks, checkpoint
 `metrics.jsonl` (per step: phase, loss, step time, optimizer time, gradient norm per group; and
 validation losses), `actions.json` (the action timeline of a representative freezing step and
 full-update step, for `freezeopt simulate --measured`), `report.json` (the `TrainReport`),
-`checkpoints/` (see `freezeopt.training.checkpoint`), `tensorboard/` when TensorBoard is installed, and
-with online re-planning `replans/step-NNNNNNNN.yaml`: each re-plan's schedule file, named by the
-first step that runs it.
+`schedule.yaml` (the schedule as the run replayed it, phase overrides applied), `checkpoints/` (see
+`freezeopt.training.checkpoint`), and with online re-planning `replans/step-NNNNNNNN.yaml`: each
+re-plan's schedule file, named by the first step that runs it. With `opts.tracking` the finished
+(or failed) run is logged from these files to MLflow and/or TensorBoard (`freezeopt.tracking`).
 
 Online re-planning (`replan_every`, `replan_on_drift`; needs the schedule's `profile`): the run
 re-solves from its own measured action costs, off the critical path, and every rank switches to
@@ -47,11 +48,18 @@ import shutil
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from freezeopt.errors import DivergedError, InputError, MismatchError, option, short
+from freezeopt.errors import (
+    DivergedError,
+    InputError,
+    MismatchError,
+    RankFailedError,
+    option,
+    short,
+)
 from freezeopt.fileio import atomic_write_text, check_output_folder
 from freezeopt.formats.profile import load_profile, profile_sha256
 from freezeopt.formats.schedule import (
@@ -81,6 +89,7 @@ from freezeopt.torchpp.pipeline import (
     plan_pipeline,
     preflight_model,
 )
+from freezeopt.tracking import track_run
 from freezeopt.training import checkpoint as ckpt
 from freezeopt.training.options import ReplanOptions, TrainOptions
 from freezeopt.training.rank import RankTrainResult, TrainSpec, train_rank
@@ -93,8 +102,9 @@ COMPARISON = (
     "side by side in one run: freezing steps against the run's full-update steps (warm-up, "
     "full-update windows, fallbacks); medians of barrier-to-last-rank step time, optimizer excluded"
 )
-_RUN_FILES = ("events.jsonl", "metrics.jsonl", "actions.json", "report.json")
+_RUN_FILES = ("events.jsonl", "metrics.jsonl", "actions.json", "report.json", "schedule.yaml")
 _RUN_DIRS = ("checkpoints", "tensorboard", "replans")
+"""An earlier run's files and folders (`tensorboard/`: what runs before `--tensorboard` wrote)."""
 _NOT_TRAINING = (  # job fields that do not change the training trajectory (a resume may differ)
     "name",
     "warmup_steps",
@@ -182,6 +192,8 @@ class TrainReport:
     warnings: tuple[RunWarning, ...]
     host: dict[str, Any]
     wall_s: float
+    tracked: tuple[str, ...] = ()
+    """Where the run was logged (MLflow run, TensorBoard folder); empty: nowhere."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
@@ -225,7 +237,7 @@ def train_job(
             source=str(opts.schedule),
             fingerprints=None if model is None else model.fingerprints,
         )
-    replan = _replan_spec(schedule, opts.replan, warnings=warnings)
+    replan = _replan_spec(schedule, opts.replan, warnings=warnings, for_gantt=opts.tracking.enabled)
     faults = parse_faults(opts.fault or "")
     for f in faults:
         if (
@@ -237,6 +249,7 @@ def train_job(
             raise InputError(f"fault names stage {f.stage}, but the job has {plan.n_stages} stages")
     out = Path(opts.out_dir)
     check_output_folder(out, "--out-dir")
+    opts.tracking.check()
     meta = {
         "job": {k: v for k, v in job.to_dict().items() if k not in _NOT_TRAINING},
         "schedule_sha256": None if schedule is None else schedule_sha256(dump_schedule(schedule)),
@@ -281,6 +294,9 @@ def train_job(
                     "replaced_run",
                 )
             )
+    writes = not in_torchrun() or int(os.environ["RANK"]) == 0
+    if writes and schedule is not None:
+        atomic_write_text(out / "schedule.yaml", dump_schedule(schedule))
     spec = TrainSpec(
         job=job,
         plan=plan,
@@ -296,15 +312,20 @@ def train_job(
     host = host_info()
     before = cpu_snapshot()
     t_run = time.monotonic()
-    results = run_ranks(
-        job,
-        functools.partial(train_rank, spec),
-        total_units=opts.steps - start + 2,
-        progress=opts.progress,
-        verb="training",
-        outcome=functools.partial(_resumable, out / "checkpoints"),
-        log_prefix="train",
-    )
+    try:
+        results = run_ranks(
+            job,
+            functools.partial(train_rank, spec),
+            total_units=opts.steps - start + 2,
+            progress=opts.progress,
+            verb="training",
+            outcome=functools.partial(_resumable, out / "checkpoints"),
+            log_prefix="train",
+        )
+    except RankFailedError:
+        if writes and opts.tracking.enabled and _has_metrics(out):  # the steps it did run
+            track_run(out, opts.tracking, status="FAILED", with_report=False, name=job.name)
+        raise
     if not in_torchrun():
         host.update(other_cpu(before, cpu_snapshot(), time.monotonic() - t_run))
     host["load_avg_after"] = load_avg()
@@ -316,25 +337,42 @@ def train_job(
         warnings=warnings,
         wall_s=time.monotonic() - t_start,
     )
-    if not in_torchrun() or int(os.environ["RANK"]) == 0:
+    if writes:
         atomic_write_text(out / "actions.json", json.dumps(actions_doc, indent=1) + "\n")
         atomic_write_text(out / "report.json", json.dumps(report.to_dict(), indent=1) + "\n")
-    _check_recovered(report)
+        if opts.tracking.enabled:
+            diverged = _diverged(report) is not None
+            tracked = track_run(
+                out,
+                opts.tracking,
+                profile=opts.replan.profile,
+                status="FAILED" if diverged else "FINISHED",
+                name=job.name,
+            )
+            report = replace(report, tracked=tuple(tracked.lines(opts.tracking)))
+    diverged_error = _diverged(report)
+    if diverged_error is not None:
+        raise diverged_error
     return report
 
 
-def _check_recovered(report: TrainReport) -> None:
-    """Raise DivergedError when the run ended on a non-finite loss (every update since was
-    skipped: the run cannot recover by itself)."""
+def _has_metrics(out: Path) -> bool:
+    m = out / "metrics.jsonl"
+    return m.is_file() and m.stat().st_size > 0
+
+
+def _diverged(report: TrainReport) -> DivergedError | None:
+    """The DivergedError to raise when the run ended on a non-finite loss (every update since
+    was skipped: the run cannot recover by itself); None when it did not."""
     losses = report.losses
     if not losses or math.isfinite(losses[-1][1]):
-        return
+        return None
     since = losses[-1][0]
     for step, loss in reversed(losses):
         if math.isfinite(loss):
             break
         since = step
-    raise DivergedError(
+    return DivergedError(
         f"the training loss was not finite from step {since} to the end (step {losses[-1][0]}: "
         f"{losses[-1][1]}); every update since was skipped and the run did not recover. Its files "
         f"are in {report.out_dir}; check the data and the learning rate"
@@ -424,9 +462,12 @@ def format_train_report(report: TrainReport) -> str:
     lines += [f"warning: {w}" for w in r.warnings]
     replans = any(e["event"] in ("replan", "replan_rejected") for e in r.events)
     lines.append(
-        f"files in {r.out_dir}: report.json, events.jsonl, metrics.jsonl, actions.json, checkpoints/"
+        f"files in {r.out_dir}: report.json, events.jsonl, metrics.jsonl, actions.json, "
+        + ("schedule.yaml, " if r.schedule is not None else "")
+        + "checkpoints/"
         + (", replans/" if replans else "")
     )
+    lines += [f"logged to {t}" for t in r.tracked]
     return "\n".join(lines)
 
 
@@ -434,15 +475,15 @@ def format_train_report(report: TrainReport) -> str:
 
 
 def _replan_spec(
-    schedule: Schedule | None, o: ReplanOptions, *, warnings: list[str]
+    schedule: Schedule | None, o: ReplanOptions, *, warnings: list[str], for_gantt: bool = False
 ) -> ReplanSpec | None:
     """Re-planning's inputs, read and checked against the schedule; None when re-planning is off
     (`TrainOptions` has checked that a schedule and a profile are given where it is on)."""
     if not o.on:
-        if o.profile is not None:
+        if o.profile is not None and not for_gantt:  # tracking draws its Gantt chart from it
             warnings.append(
-                "--profile is read only for online re-planning; without --replan-every or "
-                "--replan-on-drift it was not used"
+                "--profile is read only for online re-planning and the tracked Gantt chart; "
+                "without --replan-every, --replan-on-drift, --mlflow or --tensorboard it was not used"
             )
         return None
     assert schedule is not None and o.profile is not None

@@ -27,6 +27,7 @@ from freezeopt.compare.run import (
 )
 from freezeopt.errors import InputError
 from freezeopt.torchpp.job import load_job, replace_job
+from freezeopt.tracking import TrackingOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +62,12 @@ def test_compare_tiny(tmp_path: Path) -> None:
     # the job leaves its first 3 steps unmeasured, as many as compare's warm-up: no run measures a
     # full-update step of its own (compare times every policy against `none`'s run instead)
     job = replace_job(tiny_job(), warmup_steps=3)
-    rep = compare_job(job, out_dir=out, opts=opts, progress=False, command="cmd under test")
+    tracking = TrackingOptions(
+        mlflow=f"sqlite:///{tmp_path / 'mlflow.db'}", tensorboard=tmp_path / "tb"
+    )
+    rep = compare_job(
+        job, out_dir=out, opts=opts, progress=False, command="cmd under test", tracking=tracking
+    )
     assert [r.policy for r in rep.results] == list(opts.policies)
     res = {r.policy: r for r in rep.results}
     none = res["none"]
@@ -128,6 +134,9 @@ def test_compare_tiny(tmp_path: Path) -> None:
     assert all(r.end_step == n for r in again.sweep)
     assert len(list((out / "schedules").glob("*.yaml"))) == len(opts.policies) + len(swept)
 
+    # tracked: the comparison a parent run (its figures), each trained run a child
+    _check_tracked(rep, out, tracking)
+
     # bench_compare --report-only rebuilds RESULTS.md from the folder, quoting its own record
     bench = tmp_path / "bench"
     shutil.copytree(out, bench / "compare-tiny-gpt-1f1b")
@@ -139,6 +148,42 @@ def test_compare_tiny(tmp_path: Path) -> None:
     assert "Rebuilt with `--report-only`" in text and "`cmd under test`: started " in text
     assert "## tiny-gpt-zbv\n\nNot run in this benchmark run." in text
     assert table in text and "](compare-tiny-gpt-1f1b/gantt-freezeopt.png)" in text
+
+
+def _check_tracked(rep: CompareReport, out: Path, tracking: TrackingOptions) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    client = MlflowClient(tracking_uri=tracking.mlflow)
+    exp = client.get_experiment_by_name("freezeopt")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = {r.info.run_name: r for r in runs if r is not parent}
+    folders = sorted(p.name for p in (out / "runs").iterdir())
+    assert sorted(children) == folders and len(folders) == len(rep.runs) + len(rep.sweep)
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children.values())
+    assert parent.info.run_name == f"compare {rep.job}" and parent.info.status == "FINISHED"
+    res = {r.policy: r for r in rep.results}
+    assert parent.data.metrics["freezeopt/ratio"] == pytest.approx(res["freezeopt"].ratio)
+    assert parent.data.params["compare.budget"] == "0.2"
+    top = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"report.md", "results.json", "figures", "schedules"} <= top
+    figures = {a.path for a in client.list_artifacts(parent.info.run_id, "figures")}
+    assert figures == {f"figures/{f}" for f in rep.figures}
+    frz = children[Path(next(r.out_dir for r in rep.runs if r.policy == "freezeopt")).name]
+    assert "schedule.yaml" in {a.path for a in client.list_artifacts(frz.info.run_id)}
+    assert frz.data.params["solve.mode"] == "freezeopt" and frz.data.metrics["frozen_share"] >= 0
+    assert rep.tracked and rep.tracked[0].startswith(f"mlflow: run {parent.info.run_id}")
+    (tb,) = (tracking.tensorboard or Path()).iterdir()
+    assert sorted(p.name for p in tb.iterdir() if p.is_dir()) == folders
+    acc = EventAccumulator(str(tb / frz.info.run_name))
+    acc.Reload()
+    assert "loss" in acc.Tags()["scalars"] and "frozen_share" in acc.Tags()["scalars"]
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    assert "figures/gantt-freezeopt" in acc.Tags()["images"]
 
 
 def _run(policy: str, repeat: int, ms: float, t: float | None, **kw: object) -> Run:

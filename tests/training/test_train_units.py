@@ -219,6 +219,9 @@ def test_a_profile_without_re_planning_is_said_to_be_unused() -> None:
     warnings: list[str] = []
     off = _replan_spec(None, ReplanOptions(profile=Path("p.json")), warnings=warnings)
     assert off is None and warnings == [
-        "--profile is read only for online re-planning; without --replan-every or "
-        "--replan-on-drift it was not used"
+        "--profile is read only for online re-planning and the tracked Gantt chart; "
+        "without --replan-every, --replan-on-drift, --mlflow or --tensorboard it was not used"
     ]
+    tracked: list[str] = []  # a tracked run draws its Gantt chart from the profile
+    _replan_spec(None, ReplanOptions(profile=Path("p.json")), warnings=tracked, for_gantt=True)
+    assert tracked == []
