@@ -11,7 +11,8 @@ What:
   worker): were that thread to end first, the kernel would kill the child then. A child started
   just as a signal arrives, before `start` could note it, still dies with the process.
 * `die_with_parent(pid)`: the same death signal, set from inside a process started some other
-  way (a spawned rank), with a thread polling the parent where there is no prctl.
+  way, with a thread polling the parent where there is no prctl; `die_with_launcher`: the same
+  for a rank, whose parent is multiprocessing's fork server rather than freezeopt.
 * `scratch(kind)`: a folder for one solve's files inside the run's private folder (mode 0700,
   `freezeopt-run.<pid>.<start time>.<pid namespace>.<random>` in the temp folder, shared by every
   process of the run through `FREEZEOPT_RUN_DIR`), removed on leaving the `with`. The run folder
@@ -51,7 +52,9 @@ __all__ = [
     "GRACE_S",
     "RUN_DIR_ENV",
     "child",
+    "die_with_launcher",
     "die_with_parent",
+    "launcher",
     "raise_on_signals",
     "run_dir",
     "run_scope",
@@ -155,6 +158,31 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="freezeopt-parent-watch", daemon=True).start()
+
+
+def launcher() -> tuple[int, str]:
+    """This process as `die_with_launcher` names it: (pid, start time), so a reused pid is not
+    taken for it."""
+    pid = os.getpid()
+    return pid, _start_time(pid) or "0"
+
+
+def die_with_launcher(who: tuple[int, str]) -> None:
+    """End this process when `who` (from `launcher()`) is gone, where `who` is not its parent: a
+    rank forked by multiprocessing's fork server, whose parent is the server. The server does
+    not end with the process that asked for the rank (each rank holds a copy of the pipe it
+    watches), so a thread polls `who` every half second; the parent's death signal is set too."""
+    pid, started = who
+    die_with_parent(os.getppid())
+
+    def watch() -> None:
+        while _start_time(pid) == started:
+            time.sleep(0.5)
+        os._exit(1)
+
+    if _start_time(pid) != started:
+        os._exit(1)
+    threading.Thread(target=watch, name="freezeopt-launcher-watch", daemon=True).start()
 
 
 # --- the run's temp folder ----------------------------------------------------------------------

@@ -5,7 +5,8 @@ multi-process job and must fail the same way — one clear error naming the rank
 terminal or a pile of tracebacks. This module knows nothing about what a rank computes; it runs a
 picklable `target(ctx: RankContext)` on every rank and returns the ranks' results in rank order.
 
-How. On one machine `run_ranks` spawns one process per rank (gloo on CPU with one thread per rank,
+How. On one machine `run_ranks` starts one process per rank, forked from a fork server that has
+already imported torch (spawned where there is no fork) (gloo on CPU with one thread per rank,
 nccl on CUDA with GPU r for rank r; 127.0.0.1 and a free port). Under `torchrun` (RANK and
 WORLD_SIZE set) this process is one rank and the results are all-gathered, so every rank returns
 all of them. Each spawned rank writes its stdout/stderr to a temporary log and a heartbeat row in
@@ -18,8 +19,8 @@ shared memory (time, progress units, phase, and the action it is computing). The
   declared hung (starting Python and torch and building the model get at least 2 minutes);
 * the whole run is bounded by `timeout_s`;
 * SIGTERM or SIGHUP to this process stops every rank, then raises `StoppedError` (exit 143/129);
-  a rank whose parent dies without cleaning up (SIGKILL) is ended by the kernel
-  (`freezeopt.procs.die_with_parent`).
+  a rank whose launcher dies without cleaning up (SIGKILL) ends within a second
+  (`freezeopt.procs.die_with_launcher`).
 
 The test-only rank failures both commands inject are `freezeopt.torchpp.faults`' (`crash:rank=R,step=S`, `kill:…`, `hang:…`).
 `host_info`, `cpu_snapshot` and `other_cpu` measure how busy the machine was while the ranks ran,
@@ -47,14 +48,13 @@ from typing import Any, TypeVar
 
 from freezeopt import errors
 from freezeopt.errors import FreezeoptError, InputError, RankFailedError
-from freezeopt.procs import die_with_parent, raise_on_signals
+from freezeopt.procs import die_with_launcher, launcher, raise_on_signals, run_dir
 from freezeopt.torchpp.job import Job
 
 __all__ = [
     "Beat",
     "RankContext",
     "cpu_snapshot",
-    "die_with_parent",
     "error_line",
     "host_info",
     "in_torchrun",
@@ -208,14 +208,17 @@ def _worker(
     beat_arr: Any,
     q: Any,
     log_path: str,
-    parent: int,
+    env: dict[str, str],
+    started_by: tuple[int, str],
 ) -> None:
-    """Entry point of a spawned rank: run, then put ('result', rank, R) or ('error', …) on `q`."""
+    """Entry point of a started rank: run, then put ('result', rank, R) or ('error', …) on `q`."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    die_with_parent(parent)
+    die_with_launcher(started_by)  # freezeopt, which is not this process's parent (the fork server)
+    os.environ.clear()  # the launching process's environment, not the fork server's (older)
+    os.environ.update(env)
     beat = Beat(beat_arr, rank)
     code = 0
     try:
@@ -320,6 +323,81 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_PRELOAD = [
+    "torch",
+    "torch.distributed.pipelining",
+    "freezeopt.training.rank",
+    "freezeopt.profiling.run",
+]
+"""What the fork server imports once, so that a rank starts in milliseconds rather than importing
+torch for seconds (about 7 s of CPU per rank here; `compare` starts two ranks per run)."""
+
+
+def _context() -> Any:
+    """How ranks are started: forked from a fork server that has imported torch (POSIX), else
+    spawned. The fork server is one process per freezeopt process, started on first use; it exits
+    once freezeopt and its ranks have, and a rank ends when freezeopt does (`die_with_launcher`).
+    Its stderr is a
+    file in the run's private folder (`fork_server_log`), not the terminal: a rank forked just as
+    a signal stops the run fails before it can open its own log, and its traceback belongs there."""
+    import torch.multiprocessing as mp
+
+    if sys.platform == "win32":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    _ensure_fork_server()
+    return ctx
+
+
+def fork_server_log() -> Path:
+    """Where the fork server's own output goes (in the run's private temp folder)."""
+    return run_dir() / "forkserver.log"
+
+
+def _ensure_fork_server() -> None:
+    """Start the fork server, if it is not running, with its stderr and stdout in
+    `fork_server_log()` (it inherits them from this process when it starts)."""
+    from multiprocessing import forkserver
+
+    if _fork_server_pid() is not None:
+        return
+    fd = os.open(fork_server_log(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        forkserver.ensure_running()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+
+
+def _fork_server_pid() -> int | None:
+    """The pid of this process's fork server, or None (Linux: read from /proc)."""
+    me = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat_line = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat_line[1]) != me or stat_line[0] in ("Z", "X"):
+                continue
+            if b"multiprocessing.forkserver" in Path(f"/proc/{name}/cmdline").read_bytes():
+                return int(name)
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
 def _launch_local(
     job: Job,
     target: Callable[[RankContext], R],
@@ -330,10 +408,8 @@ def _launch_local(
     outcome: Callable[[], str],
     log_prefix: str,
 ) -> list[R]:
-    import torch.multiprocessing as mp
-
     world = job.ranks
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     q = ctx.Queue()
     beat_arr = ctx.Array("d", world * _BEAT_FIELDS, lock=False)
     now = time.monotonic()
@@ -353,7 +429,8 @@ def _launch_local(
                 beat_arr,
                 q,
                 str(logdir / f"rank{r}.log"),
-                os.getpid(),
+                dict(os.environ),
+                launcher(),
             ),
             name=f"freezeopt-rank{r}",
             daemon=True,
@@ -585,16 +662,26 @@ def load_avg() -> tuple[float, float, float] | None:
 
 
 def cpu_snapshot() -> tuple[float, float] | None:
-    """(busy CPU-seconds of the whole machine, CPU-seconds of this process and its reaped children)."""
+    """(busy CPU-seconds of the whole machine, CPU-seconds of this process, its reaped children
+    and its fork server's)."""
     try:
         v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     except (OSError, ValueError, IndexError):
         return None
     busy = v[0] + v[1] + v[2] + sum(v[5:8])  # user, nice, system, irq, softirq, steal
+    tick = os.sysconf("SC_CLK_TCK")
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     ours = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-    return busy / os.sysconf("SC_CLK_TCK"), ours
+    # the ranks are the fork server's children: their time is in its own reaped-children count
+    server = _fork_server_pid()
+    if server is not None:
+        try:
+            f = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()
+            ours += sum(int(x) for x in f[11:15]) / tick  # utime, stime, cutime, cstime
+        except (OSError, IndexError, ValueError):
+            pass
+    return busy / tick, ours
 
 
 def other_cpu(

@@ -159,3 +159,25 @@ def test_a_wrapped_error_keeps_its_cause_on_the_one_line() -> None:
         raise KeyError("k") from None
     except KeyError as e:
         assert error_line(e) == "KeyError: 'k'"
+
+
+def _burn(ctx: launch.RankContext) -> float:
+    """A rank's target: spin for 1 s of this thread's CPU, return the CPU seconds spent."""
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 1.0:
+        pass
+    return time.thread_time() - t0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_ranks_cpu_counts_as_freezeopts_own() -> None:
+    """Ranks are the fork server's children, not freezeopt's: their CPU must still count as
+    freezeopt's, or every run would call its own ranks 'other processes' and its host busy."""
+    before = launch.cpu_snapshot()
+    burnt = launch.run_ranks(
+        _job(), _burn, total_units=1, progress=False, verb="burning", outcome=str, log_prefix="t"
+    )
+    after = launch.cpu_snapshot()
+    assert before is not None and after is not None
+    assert sum(burnt) >= 2.0
+    assert after[1] - before[1] >= sum(burnt)  # CPU seconds: holds however busy the host is
