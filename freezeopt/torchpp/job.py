@@ -106,6 +106,10 @@ class Job:
     returning `freezeopt.torchpp.job.DataParts`."""
     data_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the data function."""
+    init: Annotated[str, Field(min_length=1)] | None = None
+    """Start from the weights of a run `freezeopt train` wrote instead of the model function's
+    initialisation (fine-tuning): its run folder (`--out-dir`; its newest intact checkpoint) or
+    one checkpoint folder in it. `~` is expanded; a relative path is relative to the job file."""
     schedule: Annotated[str, Field(min_length=1)] = "1F1B"
     """torch schedule name (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble,
     ZBVZeroBubble, DualPipeV) or a CSV file of per-rank compute actions (relative to the job file)."""
@@ -214,6 +218,11 @@ def parse_job(data: Any, *, source: str = "job", base_dir: Path | None = None) -
         job = replace(job, schedule=str((base_dir / job.schedule).resolve()))
     if base_dir is not None:
         job = _hf_paths_from(job, base_dir)
+    if job.init is not None:
+        init = Path(job.init).expanduser()
+        if base_dir is not None and not init.is_absolute():
+            init = base_dir / init
+        job = replace(job, init=str(init))
     _check(job, source)
     return job
 

@@ -11,7 +11,8 @@ than the one the schedule is replayed in.
   function, or a stage split that does not fit, before any process starts; returns the groups
   (`preflight_model`: and their fingerprints, which `freezeopt train` holds to the schedule's);
 * `build_rank_pipeline(job, plan, rank, device)`: on a rank, after `torch.manual_seed(job.seed)`,
-  build every stage (so all ranks agree on the weights), keep this rank's, resolve the parameter
+  build every stage (so all ranks agree on the weights), keep this rank's, load a trained run's
+  weights into them where the job says `init:` (`freezeopt.torchpp.weights`), resolve the parameter
   groups, wrap the stages in `PipelineStage`s and make the AdamW optimizer; `make_schedule` then
   builds torch's schedule object around a loss function of the caller's choosing;
 * `RankPipeline.sync_tied_grads()`: for weights the model shares between stages
@@ -41,6 +42,7 @@ from freezeopt.torchpp.job import (
     resolve_groups,
     resolve_model,
 )
+from freezeopt.torchpp.weights import check_init, load_init
 
 if TYPE_CHECKING:
     import torch
@@ -189,6 +191,7 @@ def preflight_model(
     ):  # the function may not support the meta device; the ranks will check it for real
         return None
     groups = check_parts(job, plan, parts)
+    check_init(job, dict(enumerate(parts.stages)))
     return ModelCheck(
         groups=groups,
         fingerprints={s: group_fingerprints(parts.stages[s], groups[s]) for s in groups},
@@ -362,6 +365,7 @@ def build_rank_pipeline(job: Job, plan: PipelinePlan, rank: int, device: Any) ->
     )
     my = plan.stages_of(rank)
     mods = {s: parts.stages[s].to(device) for s in my}
+    load_init(job, mods)  # fine-tuning: the weights of a trained run (`init:`)
     loss_fn, tied = parts.loss_fn, tuple(parts.tied)
     del parts
     params: dict[int, list[Any]] = {}

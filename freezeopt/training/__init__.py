@@ -5,7 +5,7 @@
 - `options`: `TrainOptions` and its configs (`PhaseOverrides`, `CheckpointOptions`,
   `ReplanOptions`).
 - `train`: `train_job`, the `freezeopt train` command's library call, over `rank` (one rank's
-  training loop), `runlog` (its logs) and `checkpoint` (atomic, checksummed checkpoints).
+  training loop) and `runlog` (its logs); checkpoints are `freezeopt.torchpp.checkpoint`'s.
 - `replan` and `replan_worker`: re-solving from measured costs in a child process while training.
 
 Nothing is imported here: the runtime hook must not load the training job, torch or the solver.

@@ -60,6 +60,7 @@ import yaml
 from freezeopt.errors import MismatchError
 from freezeopt.fileio import atomic_write_text
 from freezeopt.formats.schedule import Schedule, parse_schedule
+from freezeopt.torchpp import checkpoint as ckpt
 from freezeopt.torchpp.faults import Fault, corrupt, damage_file
 from freezeopt.torchpp.job import Job
 from freezeopt.torchpp.launch import RankContext
@@ -71,7 +72,6 @@ from freezeopt.torchpp.pipeline import (
     make_schedule,
     validation_loss,
 )
-from freezeopt.training import checkpoint as ckpt
 from freezeopt.training.options import TrainOptions
 from freezeopt.training.replan import MIN_SAMPLES, CostWindow, ReplanSpec, skipped_ms
 from freezeopt.training.replan_worker import ReplanWorker

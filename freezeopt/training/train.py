@@ -26,7 +26,7 @@ Files in `out_dir`: `events.jsonl` (phase changes, drifts, rollbacks, checkpoint
 validation losses), `actions.json` (the action timeline of a representative freezing step and
 full-update step, for `freezeopt simulate --measured`), `report.json` (the `TrainReport`),
 `schedule.yaml` (the schedule as the run replayed it, phase overrides applied), `checkpoints/` (see
-`freezeopt.training.checkpoint`), and with online re-planning `replans/step-NNNNNNNN.yaml`: each
+`freezeopt.torchpp.checkpoint`), and with online re-planning `replans/step-NNNNNNNN.yaml`: each
 re-plan's schedule file, named by the first step that runs it. With `opts.tracking` the finished
 (or failed) run is logged from these files to MLflow and/or TensorBoard (`freezeopt.tracking`).
 
@@ -72,6 +72,7 @@ from freezeopt.formats.schedule import (
     with_phases,
 )
 from freezeopt.profiling.assemble import OTHERS_BUSY
+from freezeopt.torchpp import checkpoint as ckpt
 from freezeopt.torchpp.faults import parse_faults
 from freezeopt.torchpp.job import Job, open_job
 from freezeopt.torchpp.launch import (
@@ -89,8 +90,8 @@ from freezeopt.torchpp.pipeline import (
     plan_pipeline,
     preflight_model,
 )
+from freezeopt.torchpp.weights import pin_init
 from freezeopt.tracking import track_run
-from freezeopt.training import checkpoint as ckpt
 from freezeopt.training.options import ReplanOptions, TrainOptions
 from freezeopt.training.rank import RankTrainResult, TrainSpec, train_rank
 from freezeopt.training.replan import ReplanSpec, check_profile_fits
@@ -216,7 +217,12 @@ def train_job(
     the job; RankFailedError when a rank crashes or hangs (the run can then continue with a
     resume)."""
     t_start = time.monotonic()
-    job = open_job(job_path_or_spec, overrides)
+    job = pin_init(open_job(job_path_or_spec, overrides))
+    if job.init is not None and Path(opts.out_dir).resolve() in Path(job.init).parents:
+        raise InputError(
+            f"init names a checkpoint of this run's own folder {opts.out_dir}; train into another "
+            "--out-dir (or continue this run with --resume)"
+        )
     ck = opts.checkpoints
     schedule = None
     if opts.schedule is not None:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from freezeopt.cli import app
 from freezeopt.errors import InputError
-from freezeopt.training import checkpoint as ckpt
+from freezeopt.torchpp import checkpoint as ckpt
 from freezeopt.training.options import CheckpointOptions, TrainOptions
 from freezeopt.training.train import train_job
 from tests.training.test_train import small_job
