@@ -12,8 +12,8 @@ import torch
 from freezeopt.errors import InputError, MismatchError
 from freezeopt.model.dag import build_dag
 from freezeopt.model.timelines import load_action_log
-from freezeopt.torchpp.faults import Fault, parse_faults
 from freezeopt.torchpp import checkpoint as ckpt
+from freezeopt.torchpp.faults import Fault, parse_faults
 from tests.conftest import make_profile
 
 
