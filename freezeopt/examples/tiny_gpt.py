@@ -228,14 +228,14 @@ def stdlib_bytes(
     train_parts: list[bytes] = []
     val_parts: list[bytes] = []
     n_train = n_val = 0
-    sources: list[Path] | list[bytes] = files or docs
+    sources: list[Path | bytes] = [*files, *docs]  # one of the two is empty
     for i, f in enumerate(sources):
         is_val = i % val_every == val_every - 1
         if (n_val if is_val else n_train) >= (max_val_bytes if is_val else max_train_bytes):
             if n_train >= max_train_bytes and n_val >= max_val_bytes:
                 break
             continue
-        b = (f.read_bytes() if isinstance(f, Path) else bytes(f)) + b"\0"
+        b = (f.read_bytes() if isinstance(f, Path) else f) + b"\0"
         (val_parts if is_val else train_parts).append(b)
         if is_val:
             n_val += len(b)
