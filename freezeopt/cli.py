@@ -402,7 +402,7 @@ def compare(
         str,
         typer.Option(
             help="Comma-separated: none, uniform, timelyfreeze, timelyfreeze-matched, stability, "
-            "freezeopt, freezeopt-heuristic."
+            "freezeopt, freezeopt-heuristic, freezeopt-ttq."
         ),
     ] = "none,uniform,timelyfreeze,timelyfreeze-matched,stability,freezeopt",
     steps: Annotated[
@@ -618,7 +618,19 @@ def solve_cmd(
     stage_cap: Annotated[
         float | None, typer.Option(help="Cap on a stage's mean freeze ratio (TimelyFreeze: 0.9).")
     ] = None,
-    sensitivity: Annotated[str, typer.Option(help="gns, gns-raw, norm, numel or flat.")] = "gns",
+    sensitivity: Annotated[
+        str,
+        typer.Option(
+            help="gns, measured (the probe loss the profiler measured), gns-raw, norm, numel or flat."
+        ),
+    ] = "gns",
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="step (the shortest step under --budget) or ttq (the least predicted time to "
+            "quality, the budget chosen up to --budget; nothing frozen where freezing does not pay)."
+        ),
+    ] = "step",
     tolerance: Annotated[
         float, typer.Option(help="Step-time slack phase 2 may use to drop less signal.")
     ] = 0.0,
@@ -652,7 +664,8 @@ def solve_cmd(
 
     opts = SolveOptions(
         mode=mode, solver=solver, budget=budget, group_cap=group_cap, stage_cap=stage_cap,  # type: ignore[arg-type]
-        sensitivity=sensitivity, tolerance=tolerance, time_limit=time_limit, gap=gap,  # type: ignore[arg-type]
+        sensitivity=sensitivity, objective=objective, tolerance=tolerance,  # type: ignore[arg-type]
+        time_limit=time_limit, gap=gap,
         threads=threads, write_model=write_model, fallback=fallback,  # type: ignore[arg-type]
     )  # fmt: skip
     r, _ = solve_file(

@@ -25,7 +25,14 @@ from freezeopt.formats.schedule import (
 from freezeopt.model.dag import build_dag
 from freezeopt.model.sensitivity import estimate_signal
 from freezeopt.profiling.synth import SynthOptions, synth_profile
-from freezeopt.solver import SolveOptions, SolveResult, load_kernels, schedule_from_result, solve
+from freezeopt.solver import (
+    SolveOptions,
+    SolveResult,
+    load_kernels,
+    schedule_from_result,
+    solve,
+    solve_ttq,
+)
 from freezeopt.solver.pulp_run import model_paths
 
 if TYPE_CHECKING:
@@ -68,7 +75,8 @@ def solve_file(
         # starts, or a short --time-limit spends it on the relaxation's first iteration (at
         # 64×256 with 2 s: one iteration and 7.9 % from the LP optimum, against 300–440 and ~2 %)
         load_kernels()
-    result = solve(dag, estimate_signal(profile, opts.sensitivity), opts)
+    signal = estimate_signal(profile, opts.sensitivity)
+    result = solve_ttq(dag, signal, opts) if opts.objective == "ttq" else solve(dag, signal, opts)
     sched = schedule_from_result(
         result,
         profile=profile,
@@ -97,6 +105,8 @@ def solve_summary(r: SolveResult, out: Path | None) -> dict[str, Any]:
         "speedup": round(r.baseline_ms / r.predicted_ms, 4) if r.predicted_ms else None,
         "gap": round(r.gap, 6),
         "signal_dropped": round(r.signal_dropped, 6),
+        "progress_ratio": round(r.progress_ratio, 6),
+        "time_to_quality": None if r.time_to_quality is None else round(r.time_to_quality, 6),
         "frozen_actions": len({a for a, _ in r.frozen}),
         "solve_seconds": round(r.solve_seconds, 3),
         "schedule": str(out) if out else None,
@@ -124,7 +134,13 @@ def format_solve(r: SolveResult, out: Path | None) -> str:
         f"{100 * gain / room if room > 1e-12 else 100:.1f}% of the "
         f"{'bound' if no_lp else 'LP-bound'} gain, "
         f"gap {100 * r.gap:.2f}%)",
-        f"signal dropped  {100 * r.signal_dropped:9.2f} %",
+        f"signal dropped  {100 * r.signal_dropped:9.2f} %   (progress kept x{r.progress_ratio:.3f})",
+        "time to quality "
+        + (
+            f"{r.time_to_quality:10.3f} x   (of not freezing's: step ratio / progress kept)"
+            if r.time_to_quality is not None
+            else "      none   (the plan keeps no progress)"
+        ),
     ]
     lines += [f"note: {n}" for n in r.notes]
     lines.append(f"wrote {out}" if out else "no schedule written (pass -o FILE.yaml to write one)")

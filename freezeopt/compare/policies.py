@@ -17,7 +17,10 @@ plan and nothing else. All are built from one profile, at matched budgets where 
 * `timelyfreeze-matched`: the same, with the per-stage cap chosen instead of 0.9 so that its plan
   drops freezeopt's budget of signal, measured by the same estimator (`matched_stage_cap`:
   bisection on the cap) — TimelyFreeze at freezeopt's budget, the like-for-like point;
-* `freezeopt` / `freezeopt-heuristic`: our MILP and heuristic.
+* `freezeopt` / `freezeopt-heuristic`: our MILP and heuristic, at the budget;
+* `freezeopt-ttq`: the MILP with the `ttq` objective and the `measured` sensitivity (where the
+  profile has the probe loss; `gns` otherwise): the plan with the least predicted time to quality
+  under the budget as a cap, or nothing frozen where freezing does not pay.
 """
 
 from __future__ import annotations
@@ -33,7 +36,14 @@ from freezeopt.formats.schedule import Phases, Realisation, Schedule
 from freezeopt.model.dag import PipelineDag, build_dag
 from freezeopt.model.sensitivity import Estimator, GroupSignal, estimate_signal
 from freezeopt.model.simulate import simulate
-from freezeopt.solver import FreezeProblem, SolveOptions, SolveResult, schedule_from_result, solve
+from freezeopt.solver import (
+    FreezeProblem,
+    SolveOptions,
+    SolveResult,
+    schedule_from_result,
+    solve,
+    solve_ttq,
+)
 
 __all__ = [
     "BUDGETED",
@@ -52,6 +62,7 @@ Policy = Literal[
     "timelyfreeze-matched",
     "freezeopt",
     "freezeopt-heuristic",
+    "freezeopt-ttq",
 ]
 POLICIES: tuple[Policy, ...] = (
     "none",
@@ -61,6 +72,7 @@ POLICIES: tuple[Policy, ...] = (
     "timelyfreeze-matched",
     "freezeopt",
     "freezeopt-heuristic",
+    "freezeopt-ttq",
 )
 BUDGETED: tuple[Policy, ...] = tuple(p for p in POLICIES if p not in ("none", "timelyfreeze"))
 """The policies whose plan depends on the budget (a budget sweep runs these)."""
@@ -94,7 +106,17 @@ def policy_schedule(
     )
     sha = profile_sha256(profile)
     realisation = None
-    if policy in ("freezeopt", "freezeopt-heuristic"):
+    if policy == "freezeopt-ttq":
+        sensitivity = "measured" if profile.probe is not None else "gns"
+        opts = SolveOptions(
+            mode="milp",
+            objective="ttq",
+            budget=budget,
+            sensitivity=sensitivity,
+            time_limit=time_limit,
+        )
+        result = solve_ttq(dag, estimate_signal(profile, sensitivity), opts)
+    elif policy in ("freezeopt", "freezeopt-heuristic"):
         opts = SolveOptions(
             mode="milp" if policy == "freezeopt" else "heuristic",
             budget=budget,

@@ -11,8 +11,8 @@ Validation runs every `val_every` steps and at step N.
 So accuracy is compared like for like, at the same N steps — the validation loss at step N, the
 mean train loss of the 10 steps before it, the median step time of steps `warmup_steps`..N−1 —
 and time to accuracy is defined for policies that end a little worse at N: the training seconds
-(sum of measured step times; optimizer and validation excluded) until the first validation at or
-below the target, and its ratio to `none`'s own time to that loss in the same repeat; "never" when
+(sum of measured step times; optimizer and validation excluded) until the validation loss reached
+the target (linearly interpolated between the validation before and the first at or below it), and its ratio to `none`'s own time to that loss in the same repeat; "never" when
 a policy does not get there within `overrun`·N steps.
 
 The report (`report.md`, `results.json`, PNG plots) gives per policy medians over the repeats: the
@@ -121,7 +121,8 @@ class Run:
     target: float | None = None
     """The validation loss the run was measured against: its repeat's `none` final one."""
     time_to_target_s: float | None = None
-    """Training seconds to the first validation at or below `target` (None: never)."""
+    """Training seconds until the validation loss reached `target`, interpolated between the
+    validations around it (None: never)."""
     steps_to_target: int | None = None
     wall_s: float = 0.0
     """Wall-clock seconds of the whole run (start-up, validation and checkpoints included)."""
@@ -450,7 +451,7 @@ def _read_run(
         )
     curve = tuple((by_step.get(s - 1, 0.0) if s > 0 else 0.0, v) for s, v in vals)
     goal = at_n[0] if target is None else target
-    hit = next(((s, tv) for (s, _), tv in zip(vals, curve, strict=True) if tv[1] <= goal), None)
+    i = next((i for i, (_, v) in enumerate(curve) if v <= goal), None)
     tail = [float(m["loss"]) for m in metrics if n - TAIL <= int(m["step"]) < n]
     return Run(
         policy=policy,
@@ -465,10 +466,21 @@ def _read_run(
         end_step=int(report["end_step"]),
         max_steps=max_steps,
         target=goal,
-        time_to_target_s=None if hit is None else hit[1][0],
-        steps_to_target=None if hit is None else hit[0],
+        time_to_target_s=None if i is None else crossing(curve, i, goal),
+        steps_to_target=None if i is None else vals[i][0],
         wall_s=float(report.get("wall_s", 0.0)),
     )
+
+
+def crossing(curve: tuple[tuple[float, float], ...], i: int, goal: float) -> float:
+    """Training seconds at which the validation loss reached `goal`, `curve[i]` being the first
+    validation at or below it: interpolated linearly from the validation before it, so the time
+    is not rounded up to the next validation (with validation every 10 of 300 steps, 3 %)."""
+    t1, v1 = curve[i]
+    if i == 0:
+        return t1
+    t0, v0 = curve[i - 1]
+    return t0 + (t1 - t0) * (v0 - goal) / (v0 - v1) if v0 > v1 else t1
 
 
 def _median_or_none(xs: list[float]) -> float | None:
@@ -602,7 +614,8 @@ def format_report(rep: CompareReport) -> str:
         f"the first validation from step {n} on once they have reached it (validation every "
         f"{o.get('val_every')} steps and at step {n}). Step times, train and validation loss are "
         f"compared at step {n}; time to `none`'s validation loss is training seconds (sum of "
-        "measured step times) to the first validation at or below the target. Ratios to `none` "
+        "measured step times) until the validation loss reached the target (interpolated between "
+        "the validations around it). Ratios to `none` "
         "are taken per repeat; the table gives medians over repeats (min–max of the step-time "
         "ratio; reached: repeats in which the target was reached).",
         "",

@@ -30,10 +30,12 @@ from freezeopt.formats.fingerprint import FINGERPRINT_PATTERN
 __all__ = [
     "PROFILE_VERSION",
     "ActionCost",
+    "Branch",
     "GradientTrace",
     "GroupProfile",
     "Lag",
     "Pipeline",
+    "Probe",
     "Profile",
     "Provenance",
     "RankProfile",
@@ -65,6 +67,9 @@ MAX_SQ_NORM = 1e100
 """Largest squared gradient norm a trace may hold (what float32 gradients of 1e12 parameters can
 reach is below 1e90): the `gns` estimators multiply and divide them (the noise over |G|², floored
 at 1e-3 of the step's norm, times microbatch sizes), and much larger ones overflow."""
+MAX_LOSS = 1e12
+"""Largest probe loss (or loss change) a file may hold: far above any loss a run that did not
+diverge reports, small enough that the shares the `measured` sensitivity divides stay finite."""
 MAX_MICROBATCH_SIZE = 2**32
 MAX_NUMEL = 2**53
 """Largest group size: the sensitivity estimates weigh groups by it as a float (exact to 2^53)."""
@@ -184,6 +189,45 @@ class GradientTrace:
     """Per step: squared L2 norm of the group's gradient of the step's mean loss (all microbatches)."""
     effective_perturbation: tuple[NonNeg, ...] = ()
     """Per step: APF's |EMA(Δ)|/EMA(|Δ|) of the group's updates (0 = oscillating/converged, 1 = drifting)."""
+    loss_change: tuple[Annotated[float, Field(ge=-MAX_LOSS, le=MAX_LOSS)], ...] = ()
+    """Per step: the group's share of the change of the probe loss over that step (loss-change
+    allocation, Lan et al. 2019): ½(h_t + h_t+1)·Δθ, with h the probe loss's gradient before and
+    after the step and Δθ the update the optimizer applied to the group. Negative where the group
+    lowered the loss. Over the groups it sums to the probe loss's own change (`Probe.loss`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Branch:
+    """Two short runs from one state, the same data in both: full updates, and every group
+    frozen in the same share of each step's microbatches (rescaled as training rescales). Their
+    probe losses measure how much progress a freezing plan of that share really keeps."""
+
+    __pydantic_config__ = _CONFIG
+    steps: Annotated[int, Field(ge=1)]
+    """Optimizer steps in each run."""
+    frozen_share: Annotated[float, Field(gt=0, lt=1)]
+    """Share of each step's microbatches every group was frozen in (drawn per step, the same in
+    both runs' data)."""
+    loss_start: Annotated[float, Field(ge=-MAX_LOSS, le=MAX_LOSS)]
+    """Probe loss where both runs started."""
+    loss_full: Annotated[float, Field(ge=-MAX_LOSS, le=MAX_LOSS)]
+    """Probe loss after the run with full updates."""
+    loss_frozen: Annotated[float, Field(ge=-MAX_LOSS, le=MAX_LOSS)]
+    """Probe loss after the run with every group frozen in `frozen_share` of the microbatches."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    """The probe loss: the mean loss on a few fixed held-out batches (never trained on), which
+    measures what freezing costs (`GradientTrace.loss_change`, `Branch`)."""
+
+    __pydantic_config__ = _CONFIG
+    batches: Annotated[int, Field(ge=1)]
+    """Held-out batches it averages (those after the validation batches)."""
+    loss: tuple[Annotated[float, Field(ge=-MAX_LOSS, le=MAX_LOSS)], ...]
+    """Before each measured step and after the last (one more than the measured steps)."""
+    branch: Branch | None = None
+    """The branch runs that calibrate the cost of partial freezing, where made."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,6 +319,9 @@ class Profile:
     timeline: tuple[TimelineEntry, ...] = ()
     """Measured wall-clock start and end of every action in one representative step (the measured
     step with the median step time), for measured-versus-simulated Gantt charts; empty for synth."""
+    probe: Probe | None = None
+    """The probe loss over the measured steps and the branch runs: what the `measured`
+    sensitivity is made of (None: not measured; profiles before freezeopt measured it, synth)."""
 
     def stage_groups(self, stage: int) -> tuple[GroupProfile, ...]:
         """The parameter groups of `stage`."""
@@ -287,7 +334,7 @@ _ADAPTER: TypeAdapter[Profile] = TypeAdapter(Profile)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 _ESCAPE = json.encoder.encode_basestring_ascii  # C, where the interpreter has it
 _NOT_FINITE = "Out of range float values are not JSON compliant"
-_LEFT_OUT = {"fingerprint": None, "composites": ()}
+_LEFT_OUT = {"fingerprint": None, "composites": (), "loss_change": (), "probe": None}
 """Dataclass fields a file leaves out when they hold these values (so a profile written before
 freezeopt recorded them is written back byte for byte, and the hashes in its schedules stay valid)."""
 
@@ -481,6 +528,13 @@ def _check_traces(profile: Profile, source: str) -> None:
         if short is not None:
             raise InputError(
                 f"{at} has a step with {len(short)} microbatch norms; the pipeline has {m} microbatches"
+            )
+        probe = profile.probe
+        if t.loss_change and (probe is None or len(t.loss_change) != len(probe.loss) - 1):
+            had = "no probe loss" if probe is None else f"{len(probe.loss)} probe losses"
+            raise InputError(
+                f"{at} has {len(t.loss_change)} steps of loss change but the profile has {had}; "
+                "a step's change needs the probe loss before and after it"
             )
 
 

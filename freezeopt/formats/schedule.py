@@ -73,15 +73,21 @@ class ScheduleProvenance:
     """Solver outcome: `optimal`, `time_limit`, `heuristic`, `heuristic_fallback` (or `policy`
     for `freezeopt compare`'s baselines)."""
     sensitivity: str
-    """Sensitivity estimator (`gns`, `gns-raw`, `norm`, `numel`, `flat`)."""
+    """Sensitivity estimator (`gns`, `measured`, `gns-raw`, `norm`, `numel`, `flat`)."""
     budget: Share
-    """Largest share of one step's expected progress freezing may drop."""
+    """Largest share of one step's expected progress freezing may drop (with the `ttq` objective:
+    the budget it chose, at most `budget_cap`)."""
     group_cap: Share
     """Largest share of microbatches in which one group may be frozen."""
     stage_cap: Share | None = None
     """Per-stage mean freeze-ratio cap, if used."""
     tolerance: Share = 0.0
     """Step-time tolerance of phase 2."""
+    objective: Literal["step", "ttq"] = "step"
+    """`step`: the shortest step under the budget. `ttq`: the least predicted time to quality
+    under the cap `budget_cap` (`freezeopt.solver.ttq`); absent in files for `step`."""
+    budget_cap: Share | None = None
+    """`ttq` only: the cap the budget was chosen under (`solve --budget`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,6 +207,11 @@ class Prediction:
     """(predicted − LP bound) / predicted."""
     signal_dropped: Share
     """Share of one step's expected progress this schedule drops."""
+    progress_ratio: Share | None = None
+    """Share of a step's progress the plan keeps, 1 − `signal_dropped` (absent in older files)."""
+    time_to_quality: NonNeg | None = None
+    """Predicted time to the same loss over not freezing's: (predicted / baseline) / progress
+    ratio; below 1 is sooner (absent in older files)."""
     bound_from_lp: bool | None = None
     """Whether `lp_bound_ms` is the LP relaxation's optimum (absent in files written before
     freezeopt recorded it: unknown)."""
@@ -309,6 +320,12 @@ def dump_schedule(schedule: Schedule) -> str:
         del data["prediction"]["bound_from_lp"]
     if data["pipeline"]["fingerprints"] is None:  # solved from a profile without them
         del data["pipeline"]["fingerprints"]
+    for key in ("progress_ratio", "time_to_quality"):
+        if data["prediction"][key] is None:  # an older file read back
+            del data["prediction"][key]
+    if data["provenance"]["objective"] == "step":  # the default, left unsaid
+        del data["provenance"]["objective"]
+        del data["provenance"]["budget_cap"]
     header = (
         "# freezeopt schedule: which parameter groups to freeze in which microbatches.\n"
         "# Made by `freezeopt solve`; check it with `freezeopt validate`. Format: docs/schedule.md\n"

@@ -20,6 +20,14 @@ of that group's progress lost at k):
   head holds 92 % of |G|²) and would call every other block nearly free to freeze.
   Estimates average numerator and denominator over steps (ratio of means) and clamp |G|² to a
   small positive floor where noise swamps it.
+* `measured` — from the profile's probe loss (`freezeopt.profiling.loss_cost`): weight = the
+  group's share of the probe loss's measured drop over the measured steps (its loss-change
+  allocation, summed; a group that raised the loss gets the floor weight), which is what freezing
+  it in every microbatch loses; curve = `gns`'s, from the group's noise scale. The branch runs
+  (every group frozen in a share x of the microbatches kept 1 − ℓ of the progress) check it: where
+  ℓ exceeds what the curves predict for that plan, every curve is scaled up by their ratio κ; it
+  is never scaled down (one short branch early in a run is noisy, and partial freezing costs more
+  later in a run, as the noise scale grows).
 * `gns-raw` — the same curve, weighted by |G|²·Mb/(Mb + B): McCandlish's progress for plain SGD.
 * `norm` — linear curve, weighted by the group's share of the step gradient's squared norm.
 * `numel` — linear curve, weighted by the parameter count.
@@ -37,10 +45,10 @@ from typing import Literal
 from freezeopt.errors import InputError
 from freezeopt.formats.profile import Profile
 
-__all__ = ["ESTIMATORS", "Estimator", "GroupSignal", "estimate_signal"]
+__all__ = ["ESTIMATORS", "Estimator", "GroupSignal", "estimate_signal", "measured_branch"]
 
-Estimator = Literal["gns", "gns-raw", "norm", "numel", "flat"]
-ESTIMATORS: tuple[Estimator, ...] = ("gns", "gns-raw", "norm", "numel", "flat")
+Estimator = Literal["gns", "measured", "gns-raw", "norm", "numel", "flat"]
+ESTIMATORS: tuple[Estimator, ...] = ("gns", "measured", "gns-raw", "norm", "numel", "flat")
 _FLOOR = 1e-9
 
 
@@ -69,6 +77,8 @@ def estimate_signal(
             f"unknown sensitivity estimator {estimator!r}; use one of {', '.join(ESTIMATORS)}"
         )
     m = profile.pipeline.n_microbatches
+    if estimator == "measured":
+        return _measured(profile, m)
     keys = [(st.stage, g.name) for st in profile.stages for g in st.groups]
     traces = {(t.stage, t.group): t for t in profile.gradients}
     curved = estimator in ("gns", "gns-raw")
@@ -110,13 +120,7 @@ def estimate_signal(
             share = max(p / total if total > 0 else 1.0 / len(keys), _FLOOR)
             if curved:
                 assert bnoise is not None
-                # progress with n samples is ∝ n/(n + B); all of it is lost at k = M
-                full = m * b / (m * b + bnoise)
-                kept = [
-                    (m - k) * b / ((m - k) * b + bnoise) / full if k < m else 0.0
-                    for k in range(m + 1)
-                ]
-                loss = (0.0, *(share * (1.0 - kk) for kk in kept[1:-1]), share)
+                loss = tuple(share * f for f in _gns_curve(m, b, bnoise))
             else:
                 loss = tuple(share * k / m for k in range(m + 1))
             row.append(
@@ -150,3 +154,76 @@ def _gns(
     noise = max(noise, 0.0)
     g2 = max(g2, 1e-3 * max(s_big, 1e-30))
     return g2, noise
+
+
+def measured_branch(profile: Profile) -> tuple[float, float] | None:
+    """The branch runs' point (x, ℓ): every group frozen in a share x of the microbatches kept
+    1 − ℓ of the full run's progress; None where the profile has none, or the full run made no
+    progress."""
+    br = profile.probe.branch if profile.probe is not None else None
+    if br is None or br.loss_start - br.loss_full <= 0:
+        return None
+    kept = (br.loss_start - br.loss_frozen) / (br.loss_start - br.loss_full)
+    return br.frozen_share, 1.0 - kept
+
+
+def _measured(profile: Profile, m: int) -> tuple[tuple[GroupSignal, ...], ...]:
+    traces = {(t.stage, t.group): t for t in profile.gradients}
+    keys = [(st.stage, g.name) for st in profile.stages for g in st.groups]
+    missing = [k for k in keys if k not in traces or not traces[k].loss_change]
+    if profile.probe is None or missing:
+        stage, group = missing[0] if missing else keys[0]
+        raise InputError(
+            f"sensitivity 'measured' needs the probe loss, but the profile has none for stage "
+            f"{stage} group {group!r}; re-profile with this freezeopt (probe_batches > 0), or pass "
+            "--sensitivity gns"
+        )
+    if m < 2:
+        raise InputError(
+            "sensitivity 'measured' needs at least 2 microbatches per step; pass --sensitivity numel"
+        )
+    drop = {k: max(-sum(traces[k].loss_change), 0.0) for k in keys}
+    total = sum(drop.values())
+    b = float(profile.pipeline.microbatch_size)
+    rows: list[list[tuple[float, tuple[float, ...], float, float]]] = []
+    for st in profile.stages:
+        row = []
+        for g in st.groups:
+            k = (st.stage, g.name)
+            share = max(drop[k] / total if total > 0 else 1.0 / len(keys), _FLOOR)
+            g2, noise = _gns(traces[k].microbatch_sq_norms, traces[k].step_sq_norms, b, m)
+            row.append((share, _gns_curve(m, b, noise / g2), g2, noise / g2))
+        rows.append(row)
+    # the branch runs may only make freezing dearer than the model says, never cheaper (one
+    # short run early in training is noisy, and partial freezing costs more later)
+    kappa = 1.0
+    point = measured_branch(profile)
+    if point is not None:
+        x, ell = point
+        kb = round(x * m)
+        predicted = sum(share * curve[kb] for row in rows for share, curve, _, _ in row)
+        if predicted > 0:
+            kappa = max(1.0, ell / predicted)
+    return tuple(
+        tuple(
+            GroupSignal(
+                stage=st.stage,
+                group=g.name,
+                share=share,
+                loss=tuple(share * kappa * f for f in curve),
+                grad_sq=g2,
+                noise_scale=noise,
+            )
+            for g, (share, curve, g2, noise) in zip(st.groups, row, strict=True)
+        )
+        for st, row in zip(profile.stages, rows, strict=True)
+    )
+
+
+def _gns_curve(m: int, b: float, bnoise: float) -> tuple[float, ...]:
+    """Share of a group's progress lost when frozen in k = 0…m microbatches of size b, with noise
+    scale `bnoise` (samples): 1 − P((m−k)b)/P(mb), P(n) = n/(n + B); all of it at k = m."""
+    full = m * b / (m * b + bnoise)
+    return tuple(
+        1.0 - ((m - k) * b / ((m - k) * b + bnoise)) / full if k < m else 1.0 for k in range(m + 1)
+    )

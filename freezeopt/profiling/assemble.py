@@ -24,10 +24,12 @@ from freezeopt import __version__
 from freezeopt.actions import Action
 from freezeopt.formats.profile import (
     ActionCost,
+    Branch,
     GradientTrace,
     GroupProfile,
     Lag,
     Pipeline,
+    Probe,
     Profile,
     Provenance,
     RankProfile,
@@ -35,6 +37,7 @@ from freezeopt.formats.profile import (
     Stat,
     TimelineEntry,
 )
+from freezeopt.profiling.loss_cost import branch_count
 from freezeopt.torchpp.job import Job, job_sha256
 from freezeopt.torchpp.pipeline import PipelinePlan
 
@@ -128,6 +131,37 @@ class RankResult:
     act_shapes: dict[int, tuple[tuple[int, ...], str]]
     data_provenance: dict[str, Any]
     warnings: tuple[str, ...] = ()
+    probe_losses: tuple[float | None, ...] = ()
+    """The probe loss before each measured step and after the last (None off the last stage's
+    rank); empty where not measured (`freezeopt.profiling.loss_cost`)."""
+    loss_change: dict[tuple[int, str], tuple[float, ...]] = field(default_factory=dict)
+    """Per group of this rank: its loss-change allocation per measured step."""
+    branch: tuple[float, float, float] | None = None
+    """Probe loss at the branch runs' start, after full updates and after freezing (last stage's
+    rank; None elsewhere or not run)."""
+
+
+def _probe(job: Job, last: RankResult) -> Probe | None:
+    """The probe losses and branch runs the last stage's rank measured, or None where they were
+    not measured or a loss was not finite (a diverged probe says nothing about freezing)."""
+    losses = last.probe_losses
+    if not losses or any(v is None or not math.isfinite(v) for v in losses):
+        return None
+    branch = None
+    if last.branch is not None:
+        start, full, frozen = last.branch
+        branch = Branch(
+            steps=job.branch_steps,
+            frozen_share=branch_count(job.microbatches) / job.microbatches,
+            loss_start=start,
+            loss_full=full,
+            loss_frozen=frozen,
+        )
+    return Probe(
+        batches=job.probe_batches,
+        loss=tuple(float(v) for v in losses if v is not None),
+        branch=branch,
+    )
 
 
 def _pct(v: Sequence[float], q: float) -> float:
@@ -300,6 +334,7 @@ def assemble(
         mb_sq = {k: v for r in results for k, v in r.mb_sq.items()}
         st_sq = {k: v for r in results for k, v in r.step_sq.items()}
         apf = {k: v for r in results for k, v in r.apf.items()}
+        lca = {k: v for r in results for k, v in r.loss_change.items()}
         for s in range(plan.n_stages):
             for g in (g for (st, g) in group_meta if st == s):
                 traces.append(
@@ -309,9 +344,13 @@ def assemble(
                         microbatch_sq_norms=mb_sq[(s, g)],
                         step_sq_norms=st_sq[(s, g)],
                         effective_perturbation=apf.get((s, g), ()),
+                        loss_change=lca.get((s, g), ()),
                     )
                 )
     last_rank = rank_of_stage[-1]
+    probe = _probe(job, results[last_rank])
+    if probe is None:  # not measured, or measured badly: no trace of it either
+        traces = [replace(t, loss_change=()) for t in traces]
     all_losses = results[last_rank].losses
     loss = tuple(all_losses[job.warmup_steps :])
     device = results[0].device
@@ -376,6 +415,7 @@ def assemble(
         step_ms=_stat(step_ms),
         extra=extra,
         timeline=tuple(timeline),
+        probe=probe,
     )
 
     # self-check: the DAG's prediction from the measured costs versus the measured step time

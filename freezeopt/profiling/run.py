@@ -95,6 +95,7 @@ from freezeopt.profiling.assemble import (
     RankResult,
     assemble,
 )
+from freezeopt.profiling.loss_cost import LcaTracker, branch_frozen
 from freezeopt.torchpp.faults import RANK_FAULTS, Fault, parse_faults
 from freezeopt.torchpp.job import Job, open_job
 from freezeopt.torchpp.launch import (
@@ -114,6 +115,7 @@ from freezeopt.torchpp.pipeline import (
     make_schedule,
     plan_pipeline,
     preflight,
+    probe_loss,
     to_device,
     validation_loss,
 )
@@ -311,6 +313,15 @@ class _Runner:
         self.apf_a = [torch.zeros_like(p) for p in all_params]
         self.has_first = rp.has_first
         self.has_last = rp.has_last
+        self.lca: LcaTracker | None = None
+        if self.job.gradient_traces and self.job.probe_batches > 0:
+            self.lca = LcaTracker(
+                [
+                    (st, g, [self.params[st][i] for i in idx])
+                    for st in self.my
+                    for g, idx in self.group_idx[st]
+                ]
+            )
 
     # -- instrumentation --
 
@@ -436,6 +447,8 @@ class _Runner:
             self.recording = step >= job.warmup_steps
             self.capture = step == total - 1
             self.beat.set_phase("measure" if self.recording else "warmup")
+            if self.lca is not None and step == job.warmup_steps:
+                self.lca.start(self._probe)  # the probe loss and its gradient before the step
             x, y = self.data.train(step)
             x, y = to_device(x, self.device), to_device(y, self.device)
             self.opt.zero_grad(set_to_none=True)
@@ -467,6 +480,8 @@ class _Runner:
             ow = time.perf_counter() - ow
             oc = self.clock.resolve(opt_cost)
             pert = self._apf(before)
+            if self.lca is not None and self.recording:
+                self.lca.step(self._probe, self._by_group(before))
             if loss is not None:
                 losses.append(loss)
             if self.recording:
@@ -481,6 +496,10 @@ class _Runner:
                         step_sq.setdefault(key, []).append(st)
             self.beat.tick(2 + step)
         self.recording = self.capture = False
+        branch = None
+        if self.lca is not None and job.branch_steps > 0 and self.M >= 2:
+            self.beat.set_phase("branches")
+            branch = self._branches(total)
         self.beat.set_phase("costs")
         cost_rounds = self._group_costs()
         self.beat.tick(2 + total)
@@ -519,6 +538,11 @@ class _Runner:
             act_shapes=shapes,
             data_provenance=dict(self.data.provenance) if self.rank == 0 else {},
             warnings=tuple(self.warnings),
+            probe_losses=tuple(self.lca.losses) if self.lca is not None else (),
+            loss_change={k: tuple(v) for k, v in self.lca.changes.items()}
+            if self.lca is not None
+            else {},
+            branch=branch,
         )
 
     def _stop_if_diverged(
@@ -558,8 +582,12 @@ class _Runner:
     def _diverged_hint(self) -> str:
         return f"lower the learning rate (lr: {self.job.lr:g}) or check the model and its data"
 
-    def _combine_grads(self) -> dict[tuple[int, str], tuple[tuple[float, ...], float]]:
-        """Sum the stashed per-microbatch gradients into `.grad` (mean over microbatches); return norms."""
+    def _combine_grads(
+        self, skip: Callable[[int, int], frozenset[int]] | None = None
+    ) -> dict[tuple[int, str], tuple[tuple[float, ...], float]]:
+        """Sum the stashed per-microbatch gradients into `.grad` (mean over microbatches); return
+        norms. With `skip`, group g of stage s takes only the microbatches not in `skip(s, g)`,
+        rescaled to their mean, as training with a freezing plan does (the branch runs)."""
         import torch
 
         out: dict[tuple[int, str], tuple[tuple[float, ...], float]] = {}
@@ -576,12 +604,21 @@ class _Runner:
                     if g is not None:
                         sq[mb, i] = float(g.detach().double().pow(2).sum())
             step_sq = torch.zeros(len(params), dtype=torch.float64)
+            off: dict[int, frozenset[int]] = {}
+            if skip is not None:
+                for gi, (_, idx) in enumerate(self.group_idx[s]):
+                    off.update(dict.fromkeys(idx, skip(s, gi)))
             with torch.no_grad():
                 for i, p in enumerate(params):
-                    gs = [per_mb[mb][i] for mb in range(self.M) if per_mb[mb][i] is not None]
+                    out_mb = off.get(i, frozenset())
+                    gs = [
+                        per_mb[mb][i]
+                        for mb in range(self.M)
+                        if per_mb[mb][i] is not None and mb not in out_mb
+                    ]
                     if gs:
                         total = torch.stack(gs).sum(0) if len(gs) > 1 else gs[0].clone()
-                        p.grad = total.div_(self.M)
+                        p.grad = total.div_(self.M - len(out_mb))
                         step_sq[i] = float(p.grad.double().pow(2).sum())
             for g, idx in self.group_idx[s]:
                 mbs = tuple(float(sq[mb, idx].sum()) for mb in range(self.M))
@@ -749,6 +786,79 @@ class _Runner:
                 out[(ra, rb)] = tuple(samples)
         dist.barrier()
         return out, shapes
+
+    # -- what freezing costs (freezeopt.profiling.loss_cost) --
+
+    def _probe(self) -> float | None:
+        """The probe loss with its gradient in `.grad` (every rank together)."""
+        loss = probe_loss(
+            self.rp, first=self.job.val_batches, batches=self.job.probe_batches, grad=True
+        )
+        self.beat.tick()
+        return loss
+
+    def _by_group(self, flat: list[Any]) -> list[list[Any]]:
+        """`flat` (one entry per parameter of this rank's stages, in order) split by group."""
+        out, start = [], 0
+        for st in self.my:
+            for _, idx in self.group_idx[st]:
+                out.append([flat[start + i] for i in idx])
+            start += len(self.params[st])
+        return out
+
+    def _branches(self, first_step: int) -> tuple[float, float, float] | None:
+        """The two branch runs (module docstring of `loss_cost`) from the state after the
+        measured steps, on the data of steps `first_step`…; the state is restored after each.
+        Returns (probe loss at the start, after full updates, after freezing) on the last
+        stage's rank, None elsewhere or where a probe loss was not finite."""
+        import copy
+
+        import torch
+
+        job = self.job
+        params = [p for st in self.my for p in self.params[st]]
+        saved = [p.detach().clone() for p in params]
+        saved_opt = copy.deepcopy(self.opt.state_dict())
+        losses: list[float | None] = [self._probe_loss()]
+        for frozen in (False, True):
+            for i in range(job.branch_steps):
+                step = first_step + i
+                self.step_idx = self.beat.step = step
+
+                def skip(st: int, g: int, step: int = step) -> frozenset[int]:
+                    return branch_frozen(step, st, g, self.M)
+
+                self._plain_step(step, skip if frozen else None)
+                self.beat.tick()
+            losses.append(self._probe_loss())
+            with torch.no_grad():
+                for p, v in zip(params, saved, strict=True):
+                    p.copy_(v)
+            self.opt.load_state_dict(copy.deepcopy(saved_opt))  # loading may alias its tensors
+        if any(v is None or not math.isfinite(v) for v in losses):
+            return None
+        start, full, frozen_ = (float(v) for v in losses if v is not None)
+        return start, full, frozen_
+
+    def _probe_loss(self) -> float | None:
+        loss = probe_loss(
+            self.rp, first=self.job.val_batches, batches=self.job.probe_batches, grad=False
+        )
+        self.beat.tick()
+        return loss
+
+    def _plain_step(self, step: int, skip: Callable[[int, int], frozenset[int]] | None) -> None:
+        """One optimizer step, neither timed nor recorded; `skip` as in `_combine_grads`."""
+        x, y = self.data.train(step)
+        x, y = to_device(x, self.device), to_device(y, self.device)
+        self.opt.zero_grad(set_to_none=True)
+        self.stash = {}
+        args = (x,) if self.has_first else ()
+        kwargs: dict[str, Any] = {"target": y, "losses": []} if self.has_last else {}
+        self.sched.step(*args, **kwargs)
+        self._combine_grads(skip)
+        self.rp.sync_tied_grads()
+        self.opt.step()
 
     def _val_loss(self) -> float | None:
         """Mean loss on the held-out batches (a plain forward pass, stage by stage across ranks)."""

@@ -1,6 +1,7 @@
 """The solver: from a schedule's DAG and its signal model to what to freeze where, and its file.
 
-Public: `solve` with `SolveOptions` → `SolveResult`; `FreezeProblem`, the problem every strategy
+Public: `solve` with `SolveOptions` → `SolveResult`; `solve_ttq`, the budget with the least
+predicted time to quality (`ttq`); `FreezeProblem`, the problem every strategy
 takes; `schedule_from_result`, the answer as a schedule file; `LpCache`, for re-solving warm;
 `load_kernels`, to compile before a clock starts; `MODES`, `SOLVERS`, `Mode`, `SolverName`.
 Everything else is private to the package: the problem (`problem`), how the time limit is
@@ -22,6 +23,7 @@ from freezeopt.solver.problem import (
     SolveResult,
     SolverName,
 )
+from freezeopt.solver.ttq import solve_ttq
 
 __all__ = [
     "MODES",
@@ -35,4 +37,5 @@ __all__ = [
     "load_kernels",
     "schedule_from_result",
     "solve",
+    "solve_ttq",
 ]

@@ -59,10 +59,12 @@ def schedule_from_result(
             solver=result.solver,
             status=result.status,
             sensitivity=opts.sensitivity,
-            budget=opts.budget,
+            budget=result.budget if opts.objective == "ttq" else opts.budget,
             group_cap=opts.group_cap,
             stage_cap=opts.stage_cap,
             tolerance=opts.tolerance,
+            objective=opts.objective,
+            budget_cap=opts.budget if opts.objective == "ttq" else None,
         ),
         pipeline=SchedulePipeline(
             schedule=profile.pipeline.schedule,
@@ -81,6 +83,8 @@ def schedule_from_result(
             predicted_ms=result.predicted_ms,
             gap=min(1.0, max(0.0, result.gap)),
             signal_dropped=min(1.0, max(0.0, result.signal_dropped)),
+            progress_ratio=min(1.0, max(0.0, 1.0 - result.signal_dropped)),
+            time_to_quality=result.time_to_quality,
             bound_from_lp=result.bound_from_lp,
         ),
         frozen={

@@ -74,6 +74,10 @@ class SolveOptions:
     stage_cap: float | None = None
     """Optional cap on a stage's mean freeze ratio (TimelyFreeze uses 0.9)."""
     sensitivity: Estimator = "gns"
+    objective: Literal["step", "ttq"] = "step"
+    """`step`: the shortest step under `budget`. `ttq`: the least predicted time to quality, the
+    budget chosen up to `budget` (the cap), or nothing frozen where freezing does not pay
+    (`freezeopt.solver.ttq`)."""
     tolerance: float = 0.0
     """Phase 2 may lengthen the step by this share of the phase-1 optimum to drop less signal."""
     time_limit: float = 60.0
@@ -113,6 +117,8 @@ class SolveOptions:
             )
         if self.fallback not in ("none", "heuristic"):
             raise InputError(f"unknown fallback {self.fallback!r}; use none or heuristic")
+        if self.objective not in ("step", "ttq"):
+            raise InputError(f"unknown objective {self.objective!r}; use step or ttq")
         if self.mode not in MODES:
             raise InputError(f"unknown mode {self.mode!r}; use one of {', '.join(MODES)}")
         if self.solver not in SOLVERS:
@@ -151,6 +157,21 @@ class SolveResult:
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds spent building models (`build`: PuLP's, or the LP's arrays), in the solver
     (`solver`) and in the rest (`other`)."""
+
+    @property
+    def progress_ratio(self) -> float:
+        """Share of a step's progress the plan keeps: 1 − `signal_dropped`."""
+        return min(1.0, max(0.0, 1.0 - self.signal_dropped))
+
+    @property
+    def time_to_quality(self) -> float | None:
+        """Predicted time to the same loss over not freezing's, (predicted / baseline) / progress
+        ratio: below 1 is sooner (`freezeopt.solver.ttq`); None where the plan keeps no progress."""
+        rho = self.progress_ratio
+        if rho <= 0:
+            return None
+        tau = self.predicted_ms / self.baseline_ms if self.baseline_ms > 0 else 1.0
+        return tau / rho
 
 
 class FreezeProblem:

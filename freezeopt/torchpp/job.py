@@ -149,6 +149,14 @@ class Job:
     """Held-out batches for the validation loss (0 skips it)."""
     gradient_traces: bool = True
     """Record per-microbatch gradient norms (holds each microbatch's gradient until the step ends)."""
+    probe_batches: Annotated[int, Field(ge=0, le=64)] = 2
+    """Held-out batches (those after the validation batches) whose loss measures what freezing
+    costs: each group's share of its change in every measured step, and the branch runs. 0 skips
+    the measurement (so does `gradient_traces: false`)."""
+    branch_steps: Annotated[int, Field(ge=0, le=10_000)] = 20
+    """Optimizer steps of each of the two branch runs after the measured steps (full updates,
+    and every group frozen in a quarter of the microbatches), which calibrate what partial
+    freezing costs; 0 skips them."""
     hang_timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] = 120.0
     """A rank that makes no progress for this long is declared hung and every rank is stopped."""
     timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] = 1800.0

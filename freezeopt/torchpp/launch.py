@@ -69,6 +69,7 @@ PHASES = (
     "validation",
     "warmup",
     "measure",
+    "branches",
     "costs",
     "lags",
     "train",

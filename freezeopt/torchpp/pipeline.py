@@ -62,6 +62,7 @@ __all__ = [
     "plan_pipeline",
     "preflight",
     "preflight_model",
+    "probe_loss",
     "to_device",
     "validation_loss",
 ]
@@ -481,6 +482,87 @@ def validation_loss(rp: RankPipeline, beat: Any) -> float | None:
         for m in rp.mods.values():
             m.train()
     return sum(vals) / len(vals) if vals else None
+
+
+def probe_loss(rp: RankPipeline, *, first: int, batches: int, grad: bool) -> float | None:
+    """The mean loss on held-out batches `first`..`first + batches − 1` (the probe), as a plain
+    pass stage by stage across ranks in eval mode; with `grad`, also its gradient, accumulated in
+    this rank's parameters' `.grad` (the caller clears them before and after). Every rank must
+    call it; the loss is known on the last stage's rank (None elsewhere)."""
+    import torch
+    import torch.distributed as dist
+
+    sr = rp.plan.stage_rank
+    last = rp.plan.n_stages - 1
+    vals: list[float] = []
+    for m in rp.mods.values():
+        m.eval()
+    try:
+        with torch.set_grad_enabled(grad):
+            for i in range(first, first + batches):
+                x, y = rp.data.val(i)
+                ins: dict[int, tuple[Any, ...]] = {}
+                outs: dict[int, Any] = {}
+                act: tuple[Any, ...] = ()
+                for s in rp.stages:
+                    if s == 0:
+                        inp: tuple[Any, ...] = (to_device(x, rp.device),)
+                    elif sr[s - 1] == rp.rank:
+                        inp = tuple(_leaf(a, grad) for a in act)
+                    else:
+                        box: list[Any] = [None]
+                        dist.recv_object_list(box, src=sr[s - 1])
+                        inp = tuple(_leaf(to_device(t, rp.device), grad) for t in box[0])
+                    ins[s] = inp
+                    out = rp.mods[s](*inp)
+                    if s == last:
+                        loss = rp.loss_fn(out, to_device(y, rp.device)) / batches
+                        vals.append(float(loss) * batches)
+                        outs[s] = loss
+                        continue
+                    act = out if isinstance(out, tuple) else (out,)
+                    outs[s] = act
+                    if sr[s + 1] != rp.rank:
+                        dist.send_object_list(
+                            [tuple(to_device(_leaf(t, False), "cpu") for t in act)], dst=sr[s + 1]
+                        )
+                if not grad:
+                    continue
+                down: tuple[Any, ...] = ()
+                for s in reversed(rp.stages):
+                    if s == last:
+                        torch.autograd.backward(outs[s])
+                    else:
+                        if sr[s + 1] != rp.rank:
+                            box = [None]
+                            dist.recv_object_list(box, src=sr[s + 1])
+                            down = tuple(to_device(t, rp.device) for t in box[0])
+                        pairs = [
+                            (o, g) for o, g in zip(outs[s], down, strict=True) if g is not None
+                        ]
+                        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                    if s == 0:
+                        continue
+                    down = tuple(
+                        a.grad if getattr(a, "requires_grad", False) else None for a in ins[s]
+                    )
+                    if sr[s - 1] != rp.rank:
+                        dist.send_object_list(
+                            [tuple(None if g is None else to_device(g, "cpu") for g in down)],
+                            dst=sr[s - 1],
+                        )
+    finally:
+        for m in rp.mods.values():
+            m.train()
+    return sum(vals) / len(vals) if vals else None
+
+
+def _leaf(t: Any, grad: bool) -> Any:
+    """`t` cut from its graph; a floating-point tensor requires grad when `grad` (others cannot)."""
+    if not hasattr(t, "detach"):
+        return t
+    t = t.detach()
+    return t.requires_grad_(True) if grad and t.is_floating_point() else t
 
 
 # --- timing -------------------------------------------------------------------------------------

@@ -55,8 +55,9 @@ def _rounded(x):  # the rule: 6 significant digits, tuples as lists
 
 def _as_json_writes(p) -> str:
     """What `json` writes for a profile: its fields rounded, indent 1, ASCII; a group's
-    `fingerprint` left out where it is None and a rank's `composites` where it has none (as files
-    written before they were recorded hold them)."""
+    `fingerprint` left out where it is None, a rank's `composites` and a trace's `loss_change`
+    where they are empty, and the `probe` where there is none (as files written before they were
+    recorded hold them)."""
     plain = _rounded(dataclasses.asdict(p))
     for st in plain["stages"]:
         for g in st["groups"]:
@@ -65,6 +66,11 @@ def _as_json_writes(p) -> str:
     for rank in plain["ranks"]:
         if not rank["composites"]:
             del rank["composites"]
+    for t in plain["gradients"]:
+        if not t["loss_change"]:
+            del t["loss_change"]
+    if plain["probe"] is None:
+        del plain["probe"]
     return json.dumps(plain, indent=1, ensure_ascii=True, allow_nan=False) + "\n"
 
 

@@ -94,3 +94,86 @@ def test_missing_traces_say_what_to_do() -> None:
 def test_gns_needs_two_microbatches() -> None:
     with pytest.raises(InputError, match="at least 2 microbatches"):
         estimate_signal(make_profile(ranks=1, microbatches=1), "gns")
+
+
+def _probed(profile, drops, branch=None, steps=3, noise=100.0):
+    """`profile` with a probe whose loss falls by `drops[(stage, group)]` per group over `steps`
+    steps (split evenly), gradient traces of noise scale `noise` samples, and the branch runs given
+    as (start, full, frozen)."""
+    from freezeopt.formats.profile import Branch, Probe
+
+    b, m = profile.pipeline.microbatch_size, profile.pipeline.n_microbatches
+    per = {k: -d / steps for k, d in drops.items()}
+    traces = tuple(
+        GradientTrace(
+            stage=st.stage,
+            group=g.name,
+            # |g_b|² = G² + tr/b, |g_Mb|² = G² + tr/(Mb) with G² = 1, tr = noise
+            microbatch_sq_norms=((1.0 + noise / b,) * m,) * steps,
+            step_sq_norms=(1.0 + noise / (b * m),) * steps,
+            loss_change=(per[(st.stage, g.name)],) * steps,
+        )
+        for st in profile.stages
+        for g in st.groups
+    )
+    loss = [5.0]
+    for _ in range(steps):
+        loss.append(loss[-1] + sum(per.values()))
+    br = None
+    if branch is not None:
+        br = Branch(
+            steps=20,
+            frozen_share=0.25,
+            loss_start=branch[0],
+            loss_full=branch[1],
+            loss_frozen=branch[2],
+        )
+    return dataclasses.replace(
+        profile, gradients=traces, probe=Probe(batches=2, loss=tuple(loss), branch=br)
+    )
+
+
+def test_measured_weights_are_the_groups_shares_of_the_probe_losss_drop() -> None:
+    p = make_profile(microbatches=8, microbatch_size=2)
+    keys = [(st.stage, g.name) for st in p.stages for g in st.groups]
+    drops = {k: 0.1 * (i + 1) for i, k in enumerate(keys)}
+    drops[keys[-1]] = -0.05  # this group raised the probe loss: the floor weight
+    sig = estimate_signal(_probed(p, drops), "measured")
+    gns = estimate_signal(_probed(p, drops), "gns")
+    total = sum(max(d, 0.0) for d in drops.values())
+    for row, grow in zip(sig, gns, strict=True):
+        for g, gg in zip(row, grow, strict=True):
+            want = max(drops[(g.stage, g.group)], 0.0) / total
+            assert g.share == pytest.approx(max(want, 1e-9))
+            assert g.noise_scale == pytest.approx(100.0)
+            # the curve is gns's (the same noise scale), on the measured weight
+            assert [v / g.share for v in g.loss] == pytest.approx([v / gg.share for v in gg.loss])
+            assert g.loss[-1] == pytest.approx(g.share)
+
+
+def test_the_branch_runs_only_ever_make_freezing_dearer() -> None:
+    from freezeopt.model.sensitivity import measured_branch
+
+    p = make_profile(microbatches=8, microbatch_size=2)
+    drops = {(st.stage, g.name): 0.2 for st in p.stages for g in st.groups}
+    plain = estimate_signal(_probed(p, drops), "measured")
+    # with B = 100 and 16 samples a step, 2 of 8 microbatches frozen lose 22.9 % of a group's
+    # progress; a branch that kept more (lost 10 %) changes nothing
+    cheap = _probed(p, drops, branch=(2.0, 1.0, 1.1))
+    assert measured_branch(cheap) == pytest.approx((0.25, 0.1))
+    assert estimate_signal(cheap, "measured") == plain
+    # a branch that lost 40 %: every curve scaled by 40 / 22.9
+    dear = estimate_signal(_probed(p, drops, branch=(2.0, 1.0, 1.4)), "measured")
+    predicted = sum(g.loss[2] for row in plain for g in row)
+    assert predicted == pytest.approx(1 - (12 / 112) / (16 / 116))
+    for row, prow in zip(dear, plain, strict=True):
+        for g, pg in zip(row, prow, strict=True):
+            assert g.loss == pytest.approx(tuple(v * 0.4 / predicted for v in pg.loss))
+            steps = [b - a for a, b in zip(g.loss, g.loss[1:], strict=False)]
+            assert all(s2 >= s1 - 1e-12 for s1, s2 in itertools.pairwise(steps)), "convex"
+
+
+def test_measured_needs_the_probe() -> None:
+    with pytest.raises(InputError, match="re-profile") as e:
+        estimate_signal(make_profile(), "measured")
+    assert "--sensitivity gns" in str(e.value)

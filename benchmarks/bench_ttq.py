@@ -1,0 +1,288 @@
+"""The time-to-quality benchmark: does a freezing policy reach the no-freeze run's validation loss
+sooner? Written to benchmarks/TTQ.md and benchmarks/TTQ.json (`make bench`).
+
+Regimes (`REGIMES`): fine-tuning — the built-in GPT pretrained on the standard library's code
+(`make pretrained`), fine-tuned on English prose (`tiny-gpt-docs`) — and the tiny from-scratch
+run, where the right answer is not to freeze. Each is one `freezeopt compare` (same runtime, seed
+and data order for every policy; `none` first in every repeat, the others rotated), whose folder
+(`ttq-<regime>/` beside `--out`) keeps every run. From its runs this script computes, per policy:
+
+* `ttq_ratio`: training seconds until the validation loss reached `none`'s at step N
+  (interpolated between validations) over `none`'s own, per repeat — median, min, max; null
+  where a repeat never got there within the overrun;
+* progress lost, measured: 1 − (step-time ratio / `ttq_ratio`), per repeat (a plan that keeps a
+  share ρ of each step's progress needs 1/ρ the steps), median; predicted: what the plan's own
+  model said (`signal dropped`), and what the `measured` sensitivity of the compare's profile
+  says of the same plan;
+* the validation loss at equal wall-clock (at `none`'s training time to step N, interpolated);
+* the share of (group, microbatch) slots the plan freezes after warm-up (the plans are static).
+
+`--report-only` rebuilds both files from the folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from freezeopt.compare.policies import Policy  # noqa: E402
+from freezeopt.compare.run import (  # noqa: E402
+    CompareOptions,
+    CompareReport,
+    Run,
+    compare_job,
+    format_run_info,
+    load_compare,
+)
+from freezeopt.errors import FreezeoptError  # noqa: E402
+from freezeopt.fileio import atomic_write_bytes, atomic_write_text  # noqa: E402
+from freezeopt.formats.profile import load_profile  # noqa: E402
+from freezeopt.formats.schedule import load_schedule  # noqa: E402
+from freezeopt.model.dag import build_dag, schedule_plan  # noqa: E402
+from freezeopt.model.sensitivity import estimate_signal  # noqa: E402
+from freezeopt.solver import FreezeProblem, SolveOptions  # noqa: E402
+from freezeopt.torchpp.job import load_job  # noqa: E402
+
+REGIMES: tuple[tuple[str, str, str, int], ...] = (
+    ("fine-tune", "tiny-gpt-docs", "fine-tune", 300),
+    ("from-scratch", "tiny-gpt", "from-scratch", 120),
+)
+"""(name, job, kind, N steps of `none`)."""
+POLICIES: tuple[Policy, ...] = (
+    "none",
+    "uniform",
+    "stability",
+    "timelyfreeze-matched",
+    "freezeopt",
+    "freezeopt-ttq",
+)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "TTQ.md")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=0.1)
+    ap.add_argument("--val-every", type=int, default=10)
+    names = [r[0] for r in REGIMES]
+    ap.add_argument("--regimes", default=",".join(names), help=f"any of {', '.join(names)}")
+    ap.add_argument("--steps", type=int, default=0, help="N for every regime (0: each its own)")
+    ap.add_argument("--report-only", action="store_true", help="rebuild from the folders")
+    args = ap.parse_args()
+    wanted = [r for r in args.regimes.split(",") if r]
+    if any(r not in names for r in wanted):
+        print(f"error: --regimes: use any of {', '.join(names)}", file=sys.stderr)
+        return 2
+    command = shlex.join(["python", "benchmarks/bench_ttq.py", *sys.argv[1:]])
+    root = args.out.resolve().parent
+    done: list[tuple[str, str, CompareReport]] = []
+    try:
+        for name, job, kind, n in REGIMES:
+            if name not in wanted:
+                continue
+            folder = root / f"ttq-{name}"
+            if args.report_only:
+                if (folder / "results.json").exists():
+                    done.append((name, kind, load_compare(folder)))
+                continue
+            opts = CompareOptions(
+                policies=POLICIES,
+                steps=args.steps or n,
+                warmup_steps=10,
+                budget=args.budget,
+                repeats=args.repeats,
+                val_every=args.val_every,
+                overrun=1.5,
+            )
+            print(f"[bench] time to quality: {name} ({job}) …", file=sys.stderr, flush=True)
+            rep = compare_job(load_job(job), out_dir=folder, opts=opts, progress=False, command=command)
+            done.append((name, kind, rep))
+    except FreezeoptError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    doc = {"regimes": {name: regime(rep, kind) for name, kind, rep in done}}
+    atomic_write_text(args.out.with_suffix(".json"), json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    figures = {name: plot(rep, root / f"ttq-{name}" / "ttq_zoom.png") for name, _, rep in done}
+    atomic_write_text(args.out, markdown(done, doc, figures))
+    print(f"wrote {args.out} and {args.out.with_suffix('.json')}", file=sys.stderr)
+    return 0
+
+
+def _stats(xs: list[float | None]) -> dict[str, float | None]:
+    got = [x for x in xs if x is not None and math.isfinite(x)]
+    if len(got) < len(xs):  # a repeat that never reached the target: no median of a time
+        return {"median": None, "min": min(got, default=None), "max": None}
+    return {"median": statistics.median(got), "min": min(got), "max": max(got)}
+
+
+def _at_time(run: Run, t: float) -> float | None:
+    """The run's validation loss at training second `t`, interpolated (None past its end)."""
+    pts = list(run.curve)
+    for (t0, v0), (t1, v1) in zip(pts, pts[1:], strict=False):
+        if t0 <= t <= t1:
+            return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+    return None
+
+
+def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
+    """One regime's figures (see the module docstring)."""
+    folder = Path(rep.out_dir)
+    profile = load_profile(folder / "profile.json")
+    dag = build_dag(profile)
+    measured_model = None
+    if profile.probe is not None:
+        sig = estimate_signal(profile, "measured")
+        measured_model = FreezeProblem(dag, sig, SolveOptions(sensitivity="measured"))
+    ref = {r.repeat: r for r in rep.runs if r.policy == "none"}
+    policies: dict[str, Any] = {}
+    budget = rep.options.get("budget")
+    for res in rep.results:
+        runs = sorted((r for r in rep.runs if r.policy == res.policy), key=lambda r: r.repeat)
+        ttq: list[float | None] = []
+        lost: list[float | None] = []
+        same_time: list[float | None] = []
+        for r in runs:
+            own = ref[r.repeat]
+            t = (
+                r.time_to_target_s / own.time_to_target_s
+                if r.time_to_target_s is not None and own.time_to_target_s
+                else None
+            )
+            ttq.append(t)
+            tau = r.step_ms / own.step_ms
+            lost.append(None if t is None else 1.0 - tau / t)
+            end = own.curve[-1][0]
+            same_time.append(_at_time(r, end))
+        sched = load_schedule(folder / "schedules" / f"{res.policy}-b{budget:g}.yaml")
+        plan = schedule_plan(sched, dag)
+        slots = sum(len(dag.group_names[a.stage]) for a in dag.order if a.has_weight_grad)
+        policies[res.policy] = {
+            "ttq_ratio": _stats(ttq),
+            "repeats": len(runs),
+            "reached": sum(t is not None for t in ttq),
+            "step_ratio": {"median": res.ratio, "min": res.ratio_min, "max": res.ratio_max},
+            "progress_lost_predicted": round(res.signal_dropped, 4),
+            "progress_lost_predicted_measured_model": None
+            if measured_model is None
+            else round(measured_model.signal_of(plan), 4),
+            "progress_lost_measured": None
+            if any(x is None for x in lost)
+            else round(statistics.median(x for x in lost if x is not None), 4),
+            "val_loss_at_none_time": _stats(same_time)["median"],
+            "val_loss_at_n": res.val_loss,
+            "frozen_share": round(sum(plan.values()) / slots, 4) if slots else 0.0,
+            "status": sched.provenance.status,
+        }
+    return {
+        "kind": kind,
+        "job": rep.job,
+        "steps": rep.options.get("steps"),
+        "budget": budget,
+        "target_val_loss": statistics.median(r.val_loss for r in ref.values()),
+        "unreliable_runs": list(rep.unreliable),
+        "run_info": rep.run_info,
+        "policies": policies,
+    }
+
+
+def plot(rep: CompareReport, path: Path) -> str | None:
+    """Validation loss against training time, zoomed on where the runs reach `none`'s final
+    loss: every repeat of every policy, a dashed line at each repeat's target."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    import io
+
+    refs = [r for r in rep.runs if r.policy == "none"]
+    end = statistics.median(r.curve[-1][0] for r in refs)
+    target = statistics.median(r.val_loss for r in refs)
+    start = statistics.median(_at_time(r, 0.6 * end) or r.curve[0][1] for r in refs)
+    span = max(start - target, 1e-3)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, res in enumerate(rep.results):
+        for j, r in enumerate(x for x in rep.runs if x.policy == res.policy):
+            ts, vs = zip(*r.curve, strict=True)
+            ax.plot(ts, vs, color=colors[i % len(colors)], lw=1.2, alpha=0.8,
+                    label=res.policy if j == 0 else None)  # fmt: skip
+    ax.axhline(target, color="black", ls="--", lw=0.8, label="none's final val loss (median)")
+    ax.set_xlim(0.6 * end, 1.5 * end)
+    ax.set_ylim(target - 0.6 * span, start + 0.2 * span)
+    ax.set_xlabel("training seconds (sum of step times)")
+    ax.set_ylabel("validation loss")
+    ax.set_title(f"{rep.job}: the target region")
+    ax.legend(fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path.name
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def markdown(
+    done: list[tuple[str, str, CompareReport]], doc: dict[str, Any], figures: dict[str, str | None]
+) -> str:
+    lines = [
+        "# Time to quality: does freezing reach the no-freeze run's validation loss sooner?",
+        "",
+        "Written by `python benchmarks/bench_ttq.py` (`make bench`); the numbers are in "
+        "[TTQ.json](TTQ.json), every run in the `ttq-<regime>/` folders. Method: the module "
+        "docstring of `benchmarks/bench_ttq.py`. `ttq` is the training time to `none`'s final "
+        "validation loss over `none`'s own (below 1: sooner); progress lost is measured as "
+        "1 − step ratio / ttq, and predicted by the plan's own model and by the `measured` "
+        "sensitivity (the probe loss the profiler measured) of the same plan.",
+        "",
+    ]
+    for name, kind, rep in done:
+        d = doc["regimes"][name]
+        lines += [f"## {name} ({kind}: `{d['job']}`, N = {d['steps']} steps)", ""]
+        if rep.run_info:
+            lines += [format_run_info(rep.run_info), ""]
+        if d["unreliable_runs"]:
+            lines += [
+                f"**UNRELIABLE**: other processes kept the host busy during "
+                f"{len(d['unreliable_runs'])} runs ({', '.join(d['unreliable_runs'][:4])}…); "
+                "their step times and ratios are not to be trusted.",
+                "",
+            ]
+        lines += [
+            f"Target: `none`'s validation loss at step {d['steps']}, median {d['target_val_loss']:.4f}. "
+            f"Budget {d['budget']:g} (a cap for `freezeopt-ttq`).",
+            "",
+            "| policy | ttq median (min–max) | reached | step × none | progress lost: measured | predicted (own) | predicted (measured model) | val loss at none's time | frozen share |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for pol, p in d["policies"].items():
+            t = p["ttq_ratio"]
+            rng = f"{_fmt(t['median'])} ({_fmt(t['min'])}–{_fmt(t['max'])})"
+            lines.append(
+                f"| {pol} | {rng} | {p['reached']}/{p['repeats']} | {_fmt(p['step_ratio']['median'])} | "
+                f"{_fmt(p['progress_lost_measured'], '.1%')} | {_fmt(p['progress_lost_predicted'], '.1%')} | "
+                f"{_fmt(p['progress_lost_predicted_measured_model'], '.1%')} | "
+                f"{_fmt(p['val_loss_at_none_time'], '.4f')} | {p['frozen_share']:.1%} |"
+            )
+        lines.append("")
+        if figures.get(name):
+            lines += [f"![{name}](ttq-{name}/{figures[name]})", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
