@@ -23,6 +23,7 @@ and data order for every policy; `none` first in every repeat, the others rotate
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import shlex
@@ -104,13 +105,17 @@ def main() -> int:
                 overrun=1.5,
             )
             print(f"[bench] time to quality: {name} ({job}) …", file=sys.stderr, flush=True)
-            rep = compare_job(load_job(job), out_dir=folder, opts=opts, progress=False, command=command)
+            rep = compare_job(
+                load_job(job), out_dir=folder, opts=opts, progress=False, command=command
+            )
             done.append((name, kind, rep))
     except FreezeoptError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     doc = {"regimes": {name: regime(rep, kind) for name, kind, rep in done}}
-    atomic_write_text(args.out.with_suffix(".json"), json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(
+        args.out.with_suffix(".json"), json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    )
     figures = {name: plot(rep, root / f"ttq-{name}" / "ttq_zoom.png") for name, _, rep in done}
     atomic_write_text(args.out, markdown(done, doc, figures))
     print(f"wrote {args.out} and {args.out.with_suffix('.json')}", file=sys.stderr)
@@ -126,8 +131,7 @@ def _stats(xs: list[float | None]) -> dict[str, float | None]:
 
 def _at_time(run: Run, t: float) -> float | None:
     """The run's validation loss at training second `t`, interpolated (None past its end)."""
-    pts = list(run.curve)
-    for (t0, v0), (t1, v1) in zip(pts, pts[1:], strict=False):
+    for (t0, v0), (t1, v1) in itertools.pairwise(run.curve):
         if t0 <= t <= t1:
             return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
     return None
