@@ -3,7 +3,8 @@
 #   make test    the test suite (installs the freezeopt[hf], [mlflow] and [tensorboard] extras: their tests run too)
 #   make hf-example  a pretrained SmolLM2-135M fine-tuned offline: profile → solve → train (out/smollm2/)
 #   make pretrained  the built-in GPT trained 1500 steps on code, which `tiny-gpt-docs` fine-tunes (once, ~7 min)
-#   make bench   the benchmark scripts' own tests, then solver benchmarks → benchmarks/solver-latest.md; policies compared → benchmarks/RESULTS.md;
+#   make bench   the benchmark scripts' own tests, then time to quality (fine-tuning and from scratch) → benchmarks/TTQ.md;
+#                solver benchmarks → benchmarks/solver-latest.md; policies compared → benchmarks/RESULTS.md;
 #                online re-planning after a stage slows down → benchmarks/replan.md; re-plans at
 #                scale → benchmarks/replan_scale.md; training beside a re-plan → benchmarks/overlap.md
 #   make reliability  fuzzing (>10,000 cases) and fault injection → benchmarks/reliability.md
@@ -77,8 +78,9 @@ hf-example: $(SMOL_STAMP)
 	$(BIN)/freezeopt train smollm2 --schedule out/smollm2/schedule.yaml --steps 24 --warmup-steps 4 \
 		--full-update-every 4 --overwrite --out-dir out/smollm2/train
 
-bench: $(SMOL_STAMP)
+bench: $(SMOL_STAMP) pretrained
 	$(BIN)/python -m pytest -q -m bench
+	$(BIN)/python benchmarks/bench_ttq.py --out benchmarks/TTQ.md --repeats 3
 	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver-latest.md
 	$(BIN)/python benchmarks/bench_compare.py --out benchmarks/RESULTS.md --steps 120 --repeats 3 --sweep 0.2
 	$(BIN)/python benchmarks/bench_replan.py --out benchmarks/replan.md --rounds 3

@@ -129,6 +129,17 @@ class StageProfile:
     """The rank that runs this stage."""
     groups: tuple[GroupProfile, ...]
     """Its parameter groups, in model order."""
+    truncation_ms: tuple[Stat, ...] = ()
+    """Backward truncation, where measured (stages whose backward runs whole: one `B` action, or
+    stage 0's `W`): what a backward saves beyond the frozen groups' weight-gradient costs when
+    autograd can stop early. Entry 0: when the stage's input gradient is not needed (every stage
+    before it is frozen whole in that microbatch); entry j ≥ 1: the further time saved once group j
+    is frozen too, with every group before it (model order) — the input-gradient work below the
+    first trainable group. len(groups) + 1 entries."""
+    all_grouped: bool | None = None
+    """Whether every trainable parameter of the stage is in one of its groups: only then does a
+    microbatch with all its groups frozen need no gradient from the stage after it (and that stage
+    no input gradient). None where not measured."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,7 +345,14 @@ _ADAPTER: TypeAdapter[Profile] = TypeAdapter(Profile)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 _ESCAPE = json.encoder.encode_basestring_ascii  # C, where the interpreter has it
 _NOT_FINITE = "Out of range float values are not JSON compliant"
-_LEFT_OUT = {"fingerprint": None, "composites": (), "loss_change": (), "probe": None}
+_LEFT_OUT = {
+    "fingerprint": None,
+    "composites": (),
+    "loss_change": (),
+    "probe": None,
+    "truncation_ms": (),
+    "all_grouped": None,
+}
 """Dataclass fields a file leaves out when they hold these values (so a profile written before
 freezeopt recorded them is written back byte for byte, and the hashes in its schedules stay valid)."""
 
@@ -510,7 +528,15 @@ def parse_profile(data: Any, *, source: str = "profile") -> Profile:
 
 def _check_traces(profile: Profile, source: str) -> None:
     """Gradient traces belong to the profile's groups and hold one norm per microbatch and step
-    (the sensitivity estimates average them: a short row would be averaged silently)."""
+    (the sensitivity estimates average them: a short row would be averaged silently); a stage's
+    truncation gains number one more than its groups."""
+    for st in profile.stages:
+        n = len(st.truncation_ms)
+        if n and n != len(st.groups) + 1:
+            raise InputError(
+                f"{source}: stages.{st.stage}.truncation_ms has {n} entries; the stage has "
+                f"{len(st.groups)} groups, so it needs {len(st.groups) + 1} (none to all frozen)"
+            )
     groups = {(st.stage, g.name) for st in profile.stages for g in st.groups}
     m = profile.pipeline.n_microbatches
     for i, t in enumerate(profile.gradients):

@@ -13,6 +13,10 @@ torch executes as one unit, DualPipeV's `(aFm;bBn)OVERLAP_F_B`) sends to other r
 the whole run is done: its cross-rank edges leave from the run's last action (hand-offs to a
 stage on the same rank stay where they are, as in torch). Only `B` and `W` actions hold
 weight-gradient work, so only they are freezable; each carries its stage's per-group costs.
+Backward truncation: where a stage's backward runs whole and every group before a point is frozen
+in a microbatch (and every stage before it frozen whole), autograd stops there, so the
+input-gradient work below is saved as well (`PipelineDag.truncation_saving`). The edges do not
+change: torch still hands the (zero) gradient down and the stage below still receives it.
 """
 
 from __future__ import annotations
@@ -54,6 +58,13 @@ class PipelineDag:
     group_cost: tuple[tuple[float, ...], ...]
     """Per stage, per group: weight-gradient ms saved when the group is frozen in one backward."""
     n_microbatches: int
+    truncation: tuple[tuple[float, ...], ...] = ()
+    """Per stage, what backward truncation saves beyond the frozen groups' costs
+    (`StageProfile.truncation_ms`: entry 0 when the stage's input gradient is not needed, entry j
+    once groups 0…j−1 are frozen too); empty for a stage where it was not measured."""
+    passes: tuple[bool, ...] = ()
+    """Per stage: with all its groups frozen (and its input gradient not needed) in a microbatch,
+    the stage needs no gradient from the next one (truncation measured, every parameter grouped)."""
 
     @property
     def n_stages(self) -> int:
@@ -74,8 +85,51 @@ class PipelineDag:
         d = dict(self.cost)
         for (a, g), x in (frozen or {}).items():
             if x:
-                d[a] = max(0.0, d[a] - self.group_cost[a.stage][g] * x)
-        return d
+                d[a] = d[a] - self.group_cost[a.stage][g] * x
+        for a, saved in self.truncation_saving(frozen or {}).items():
+            d[a] -= saved
+        return {a: max(0.0, v) for a, v in d.items()}
+
+    @property
+    def has_truncation(self) -> bool:
+        """Whether any stage gains from backward truncation."""
+        return any(v > 0 for row in self.truncation for v in row)
+
+    def truncated(self) -> dict[int, dict[int, Action]]:
+        """Stage → microbatch → the action holding the stage's whole backward (`B`, or stage
+        0's `W` in split schedules), for the stages with truncation gains."""
+        out: dict[int, dict[int, Action]] = {}
+        for a in self.order:
+            row = self.truncation[a.stage] if a.stage < len(self.truncation) else ()
+            if a.has_weight_grad and any(v > 0 for v in row):
+                out.setdefault(a.stage, {})[a.microbatch] = a
+        return out
+
+    def truncation_saving(self, frozen: Mapping[tuple[Action, int], float]) -> dict[Action, float]:
+        """Per truncated action, the time backward truncation saves under `frozen`: with y_0 = 1
+        where the stage's input gradient is not needed (stage 0, or the stage before passes and is
+        frozen whole in that microbatch), y_j = min(y_j−1, frozen extent of group j−1), the saving is
+        Σ_j truncation[s][j]·y_j (fractional plans: the LP's reading of it)."""
+        out: dict[Action, float] = {}
+        if not self.has_truncation:
+            return out
+        acts = self.truncated()
+        for m in range(self.n_microbatches):
+            whole = 1.0  # how far every stage before this one is frozen whole in microbatch m
+            for s in range(self.n_stages):
+                a = acts.get(s, {}).get(m)
+                if a is None:
+                    whole = 0.0
+                    continue
+                y = whole
+                saved = self.truncation[s][0] * y
+                for j in range(len(self.group_names[s])):
+                    y = min(y, frozen.get((a, j), 0.0))
+                    saved += self.truncation[s][j + 1] * y
+                if saved:
+                    out[a] = saved
+                whole = y if self.passes[s] else 0.0
+        return out
 
     def all_frozen(self) -> dict[tuple[Action, int], float]:
         """Every freezable group frozen in every backward: the floor on step time."""
@@ -166,6 +220,7 @@ def build_dag(profile: Profile) -> PipelineDag:
             was = cheapest.get(a.stage)
             if was is None or cost[a] < cost[was]:
                 cheapest[a.stage] = a
+    truncation = tuple(tuple(t.median for t in st.truncation_ms) for st in profile.stages)
     for s, names in enumerate(group_names):
         if len(set(names)) != len(names):
             raise InputError(
@@ -177,6 +232,12 @@ def build_dag(profile: Profile) -> PipelineDag:
             raise InputError(
                 f"stage {s}: group weight-gradient costs sum to {total:.4g} ms, more than action {low} takes "
                 f"({cost[low]:.4g} ms); re-measure the profile"
+            )
+        cut = total + sum(truncation[s])
+        if truncation[s] and low is not None and cut > cost[low] * (1 + _COST_TOLERANCE) + 1e-9:
+            raise InputError(
+                f"stage {s}: group costs and truncation gains sum to {cut:.4g} ms, more than action "
+                f"{low} takes ({cost[low]:.4g} ms); re-measure the profile"
             )
 
     lag: dict[tuple[int, int, str], float] = {
@@ -231,6 +292,11 @@ def build_dag(profile: Profile) -> PipelineDag:
         group_names=group_names,
         group_cost=group_cost,
         n_microbatches=n_mb,
+        truncation=truncation,
+        passes=tuple(
+            bool(t) and st.all_grouped is True
+            for t, st in zip(truncation, profile.stages, strict=True)
+        ),
     )
 
 

@@ -150,17 +150,23 @@ class Timer:
         self.base = np.array([dag.cost[a] for a in dag.order], dtype=float)
         self.gcost = dag.group_cost
         held = np.array([sum(c for c in row if c > 0) for row in dag.group_cost], dtype=float)
+        self.dag = dag
         self.floor = self.base.copy()
         """Each action's duration with `dag.all_frozen()` (not clipped at 0)."""
         for a in dag.freezable():
             self.floor[self.idx[a]] -= held[a.stage]
+        for a, saved in dag.truncation_saving(dag.all_frozen()).items():
+            self.floor[self.idx[a]] -= saved
 
     def durations(self, plan: Mapping[tuple[Action, int], float]) -> np.ndarray:
-        """Each action's duration with group `g` of action `a` frozen to the extent `plan[(a, g)]`."""
+        """Each action's duration with group `g` of action `a` frozen to the extent `plan[(a, g)]`
+        (and what backward truncation saves under it; not clipped at 0)."""
         d = self.base.copy()
         idx, gcost = self.idx, self.gcost
         for (a, g), x in plan.items():
             d[idx[a]] -= gcost[a.stage][g] * x
+        for a, saved in self.dag.truncation_saving(plan).items():
+            d[idx[a]] -= saved
         return d
 
     def times(

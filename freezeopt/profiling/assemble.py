@@ -123,7 +123,8 @@ class RankResult:
     step_sq: dict[tuple[int, str], tuple[float, ...]]
     apf: dict[tuple[int, str], tuple[float, ...]]
     cost_rounds: dict[int, dict[str, tuple[float, ...]]]
-    """Per stage: 'all', 'none' and each group's leave-one-out samples (ms)."""
+    """Per stage: 'all', 'none' and each group's leave-one-out samples (ms); for stages whose
+    backward runs whole, 'truncation.j' too (`StageProfile.truncation_ms`)."""
     cost_modes: dict[int, str]
     """Per stage: `full` (costs measured in a full backward) or `split` (in torch's W step)."""
     pingpong: dict[tuple[int, int], tuple[float, ...]]
@@ -136,6 +137,8 @@ class RankResult:
     rank); empty where not measured (`freezeopt.profiling.loss_cost`)."""
     loss_change: dict[tuple[int, str], tuple[float, ...]] = field(default_factory=dict)
     """Per group of this rank: its loss-change allocation per measured step."""
+    all_grouped: dict[int, bool] = field(default_factory=dict)
+    """Per stage of this rank: whether every trainable parameter is in a group."""
     branch: tuple[float, float, float] | None = None
     """Probe loss at the branch runs' start, after full updates and after freezing (last stage's
     rank; None elsewhere or not run)."""
@@ -287,6 +290,7 @@ def assemble(
         (s, g): (names, numel, fp) for r in results for s, g, names, numel, fp in r.groups
     }
     rounds = {s: d for r in results for s, d in r.cost_rounds.items()}
+    grouped = {s: v for r in results for s, v in r.all_grouped.items()}
     modes = {s: m for r in results for s, m in r.cost_modes.items()}
     stages: list[StageProfile] = []
     group_detail: dict[str, Any] = {}
@@ -326,7 +330,21 @@ def assemble(
             )
             for g in names
         )
-        stages.append(StageProfile(stage=s, rank=rank_of_stage[s], groups=groups))
+        n_trunc = len(names) + 1
+        truncation = (
+            tuple(_stat(rounds[s][f"truncation.{j}"], scale=scale) for j in range(n_trunc))
+            if all(f"truncation.{j}" in rounds[s] for j in range(n_trunc))
+            else ()
+        )
+        stages.append(
+            StageProfile(
+                stage=s,
+                rank=rank_of_stage[s],
+                groups=groups,
+                truncation_ms=truncation,
+                all_grouped=grouped.get(s),
+            )
+        )
 
     # gradient traces
     traces: list[GradientTrace] = []

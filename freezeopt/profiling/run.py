@@ -534,6 +534,11 @@ class _Runner:
             apf={k: tuple(v) for k, v in apf.items()},
             cost_rounds=cost_rounds,
             cost_modes={s: self._cost_mode(s) for s in self.my},
+            all_grouped={
+                s: {i for _, idx in self.group_idx[s] for i in idx}
+                == set(range(len(self.params[s])))
+                for s in self.my
+            },
             pingpong=pingpong,
             act_shapes=shapes,
             data_provenance=dict(self.data.provenance) if self.rank == 0 else {},
@@ -691,6 +696,8 @@ class _Runner:
             for g, _ in groups:
                 samples[g] = []
             graph = self._stage_graph(s) if mode == "full" else None
+            grouped = {i for _, idx in groups for i in idx}
+            ungrouped = [i for i in every if i not in grouped]
             for rnd in range(self.job.cost_samples + _COST_WARMUP_ROUNDS):
                 a = measure(s, graph, every)
                 loo = {
@@ -698,11 +705,25 @@ class _Runner:
                     for g, idx in groups
                 }
                 n = measure(s, graph, [])
+                # truncation: no input gradient, the first j groups frozen (full backwards only)
+                trunc: list[float] = []
+                if graph is not None:
+                    ts = [
+                        self._truncated_ms(
+                            s, graph, ungrouped + [i for _, idx in groups[j:] for i in idx]
+                        )
+                        for j in range(len(groups) + 1)
+                    ]
+                    trunc = [a - ts[0]] + [
+                        ts[j - 1] - ts[j] - loo[groups[j - 1][0]] for j in range(1, len(ts))
+                    ]
                 if rnd >= _COST_WARMUP_ROUNDS:
                     samples["all"].append(a)
                     samples["none"].append(n)
                     for g, v in loo.items():
                         samples[g].append(v)
+                    for j, v in enumerate(trunc):
+                        samples.setdefault(f"truncation.{j}", []).append(v)
                 self.beat.tick()
             for p in self.params[s]:
                 p.grad = None
@@ -714,6 +735,12 @@ class _Runner:
         outs, grads, inputs = graph
         ins = [t for t in inputs if hasattr(t, "requires_grad") and t.requires_grad]
         return self._timed_grad(outs, grads, ins + [self.params[s][i] for i in active])
+
+    def _truncated_ms(self, s: int, graph: Any, active: Sequence[int]) -> float:
+        """Cost of a backward over the retained graph for params[active] only, no input gradient:
+        autograd stops below the first of them."""
+        outs, grads, _ = graph
+        return self._timed_grad(outs, grads, [self.params[s][i] for i in active])
 
     def _split_w_ms(self, s: int, graph: Any, active: Sequence[int]) -> float:
         """Cost of torch's W step for params[active] after its I step, on a fresh forward (0 if none)."""

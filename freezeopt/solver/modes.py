@@ -133,7 +133,8 @@ class LpRelaxation:
     def solve(self, deadline: float, *, write: Path | None) -> tuple[float, dict[Key, float]]:
         """Both phases; returns (phase-1 T, phase-2 x). With HiGHS, `write` writes the PuLP models
         of both phases beside the array path's answer."""
-        if self.problem.opts.solver != "highs":
+        if self.problem.opts.solver != "highs" or self.problem.dag.has_truncation:
+            # the arrays hold no truncation rows: a DAG with truncation goes through PuLP
             return self.pulp_model.solve_lp(deadline, write=write)
         if not pulp.HiGHS().available():
             raise SolverError("HiGHS is not available: pip install highspy, or use --solver cbc")

@@ -8,7 +8,10 @@ Per (stage, group), the count `count_s{s}_g{g} = Σ_m x[(s,m),g]` is at most
 `floor(group_cap·M)` (`groupcap_s{s}_g{g}`), and the group loses `loss_sg(k)` of the step's
 expected progress; `loss_sg` is convex, so `signal_s{s}_g{g} ≥` each of its linear pieces
 (`piece_s{s}_g{g}_k{j}`) carries it exactly. The budget (`budget`): `Σ signal ≤ ε`. An optional
-per-stage cap (`stagecap_s{s}`) bounds the mean freeze ratio over a stage's backwards.
+per-stage cap (`stagecap_s{s}`) bounds the mean freeze ratio over a stage's backwards. Backward
+truncation, where the profile measured it: continuous `trunc_{a}_j{j}` chained down each
+microbatch's stages (`_truncation`), each saving its measured gain where every group before it is
+frozen.
 
 The objective is lexicographic, in two solves rather than a big-M constant: phase 1 minimises `T`;
 phase 2 minimises the signal dropped subject to `T ≤ (1 + tolerance)·T1` (`makespan_limit`).
@@ -89,6 +92,9 @@ class PulpModel:
         xs_of: dict[Action, list[tuple[pulp.LpVariable, float]]] = {}
         for (a, g), var in x.items():
             xs_of.setdefault(a, []).append((var, -dag.group_cost[a.stage][g]))
+        chain = self._truncation(prob, x)
+        for a, terms in chain.items():
+            xs_of.setdefault(a, []).extend(terms)
 
         def le(
             terms: list[tuple[pulp.LpVariable, float]], rhs: float, name: str, const: float = 0.0
@@ -137,6 +143,55 @@ class PulpModel:
             le([(T, 1.0)], t_max, "makespan_limit")
             prob.setObjective(pulp.LpAffineExpression([(v, 1.0) for v in ell] or [(T, 0.0)]))
         return prob, _Vars(x=x, T=T, ell=ell)
+
+    def _truncation(
+        self, prob: pulp.LpProblem, x: Mapping[Key, pulp.LpVariable]
+    ) -> dict[Action, list[tuple[pulp.LpVariable, float]]]:
+        """Backward truncation (`PipelineDag.truncation_saving`) as rows: per truncated action a
+        of stage s, y_j ∈ [0, 1] "a's backward stops above group j" with `trunc_{a}_j{j}`:
+        y_0 ≤ the stage before's last y where it passes (`truncfrom_{a}`; 1 on stage 0, no y_0
+        otherwise), y_j ≤ y_j−1 (`truncchain_{a}_j{j}`) and y_j ≤ x[a, j−1]
+        (`truncfrozen_{a}_j{j}`); a saves Σ_j gain_j·y_j. Returns a's duration terms."""
+        dag = self.problem.dag
+        if not dag.has_truncation:
+            return {}
+        acts = dag.truncated()
+        out: dict[Action, list[tuple[pulp.LpVariable, float]]] = {}
+
+        def le(a: pulp.LpVariable, b: pulp.LpVariable, name: str) -> None:
+            e = pulp.LpAffineExpression([(a, 1.0), (b, -1.0)])
+            prob.addConstraint(pulp.LpConstraint(e, pulp.LpConstraintLE, name, 0.0))
+
+        for m in range(dag.n_microbatches):
+            up: pulp.LpVariable | None = None  # the stage before's y, frozen whole
+            for s in range(dag.n_stages):
+                a = acts.get(s, {}).get(m)
+                if a is None:  # not truncated here: the stages after need its gradient anyway
+                    break
+                gains = dag.truncation[s]
+                y = prob.add_variable(f"trunc_{a}_j0", 0, 1)
+                if s > 0:
+                    assert up is not None
+                    le(y, up, f"truncfrom_{a}")
+                terms = [(y, -gains[0])] if gains[0] > 0 else []
+                last: pulp.LpVariable | None = y
+                for j in range(1, len(gains)):
+                    xv = x.get((a, j - 1))
+                    if xv is None:  # a group that cannot be frozen: the backward goes through it
+                        last = None
+                        break
+                    yj = prob.add_variable(f"trunc_{a}_j{j}", 0, 1)
+                    le(yj, last, f"truncchain_{a}_j{j}")
+                    le(yj, xv, f"truncfrozen_{a}_j{j}")
+                    if gains[j] > 0:
+                        terms.append((yj, -gains[j]))
+                    last = yj
+                if terms:
+                    out[a] = terms
+                up = last if dag.passes[s] else None
+                if up is None:
+                    break
+        return out
 
     def write(self, prob: pulp.LpProblem, path: Path | None, *, phase: int) -> None:
         """`--write-model`: write a phase's PuLP model (phase 2 beside phase 1's file)."""

@@ -402,7 +402,9 @@ def split_backward(
 # the work to the active parameters:
 # * "full" (B, and stage 0's W in split schedules): `autograd.backward(..., inputs=stage inputs +
 #   active params)`, so frozen params' dW kernels never run (toggling `requires_grad` after the
-#   forward saves nothing: AccumulateGrad drops the result but the GEMMs still run);
+#   forward saves nothing: AccumulateGrad drops the result but the GEMMs still run); where the
+#   stage before is frozen whole in the microbatch, without the stage inputs (truncation: autograd
+#   stops below the lowest active parameter) and zeros sent down;
 # * "input" (I): torch's `stage_backward_input` with only the active params as weights, so the
 #   parameter groups handed to W hold only active params and W skips the frozen ones. The frozen set
 #   of a microbatch's W is thereby the one its I saw;
@@ -435,11 +437,16 @@ def enable_freezing(
     stage: Any,
     groups: Sequence[Sequence[Any]],
     frozen: Callable[[int, int], frozenset[int]],
+    input_grad: Callable[[int, int], bool] | None = None,
 ) -> None:
     """Make `stage` skip the weight gradients of `groups[g]` for g in `frozen(stage_index, mb)`.
 
     `groups` are lists of the stage module's parameters; parameters in no group are never frozen.
-    With `frozen` returning an empty set the stage runs torch's own code paths unchanged. A stage
+    With `frozen` returning an empty set the stage runs torch's own code paths unchanged. With
+    `input_grad` (e.g. `FreezeController.input_grad_needed`) returning False for a microbatch,
+    a stage whose backward runs whole (`B`, or stage 0's `W`) truncates it: no gradient for its
+    input (the stage before is frozen whole there; it is sent zeros, as torch must send a tensor),
+    so autograd stops below the first group still trained. A stage
     whose module is wrapped by FSDP2, FSDP or DDP is refused (`wrapped_by`). When `frozen` is a
     `FreezeController`'s `frozen_groups`, the controller first holds `groups` to its schedule
     (`FreezeController.check_groups`: the groups' fingerprints, so a schedule solved for another
@@ -482,7 +489,12 @@ def enable_freezing(
         backward_type: str, bwd_kwargs: dict[str, Any], last_backward: bool = False
     ) -> Any:
         off = frozen(stage.stage_index, current["mb"]) if backward_type != "weight" else frozenset()
-        if not off:
+        cut = (
+            backward_type == "full"
+            and input_grad is not None
+            and not input_grad(stage.stage_index, current["mb"])
+        )
+        if not off and not cut:
             return orig_dispatch(backward_type, bwd_kwargs, last_backward=last_backward)
         active = always + [p for i, g in enumerate(groups) if i not in off for p in g]
         if backward_type == "input":
@@ -494,14 +506,19 @@ def enable_freezing(
             )
         outs, grads = _tensors_with_grads(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"])
         inputs = [
-            v for v in bwd_kwargs["input_values"] if isinstance(v, torch.Tensor) and v.requires_grad
+            v
+            for v in bwd_kwargs["input_values"]
+            if isinstance(v, torch.Tensor) and v.requires_grad and not cut
         ]
         if outs and (inputs or active):
             torch.autograd.backward(outs, grad_tensors=grads, inputs=inputs + active)
         grad_inputs: list[Any] = []
         for v in bwd_kwargs["input_values"]:  # as torch's stage_backward returns them
             if isinstance(v, torch.Tensor):
-                grad_inputs.append(v.grad)
+                if cut and v.requires_grad:  # the stage before skips this microbatch's backward
+                    grad_inputs.append(torch.zeros_like(v))
+                else:
+                    grad_inputs.append(v.grad)
                 v.grad = None
             else:
                 grad_inputs.append(None)

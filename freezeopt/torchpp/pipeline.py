@@ -303,6 +303,10 @@ class RankPipeline:
     ties: list[tuple[list[Any], Any]] = field(default_factory=list)
     """Per tied set with a copy on this rank: (this rank's copies, the process group of the
     ranks holding copies, or None when they all are on this rank)."""
+    all_grouped: tuple[bool, ...] = ()
+    """Per stage of the pipeline (every rank's): whether each of its trainable parameters is in
+    one of its groups, so that with all its groups frozen it needs no gradient (backward
+    truncation, `FreezeController.input_grad_needed`)."""
 
     def sync_tied_grads(self) -> None:
         """Give every copy of a tied weight the sum of the copies' gradients (None stays None
@@ -365,6 +369,11 @@ def build_rank_pipeline(job: Job, plan: PipelinePlan, rank: int, device: Any) ->
         batch_size=job.batch_size, seq_len=job.seq_len, seed=job.seed, **job.data_args
     )
     my = plan.stages_of(rank)
+    all_grouped = tuple(
+        {n for _, names in groups[s] for n in names}
+        >= {n for n, p in parts.stages[s].named_parameters() if p.requires_grad}
+        for s in range(plan.n_stages)
+    )
     mods = {s: parts.stages[s].to(device) for s in my}
     load_init(job, mods)  # fine-tuning: the weights of a trained run (`init:`)
     loss_fn, tied = parts.loss_fn, tuple(parts.tied)
@@ -403,6 +412,7 @@ def build_rank_pipeline(job: Job, plan: PipelinePlan, rank: int, device: Any) ->
         loss_fn=loss_fn,
         data=data,
         ties=ties,
+        all_grouped=all_grouped,
     )
 
 

@@ -194,6 +194,7 @@ class _Trainer:
                 rollback=self.spec.options.checkpoints.rollback,
                 tensors={s: [len(idx) for _, idx in rp.group_idx[s]] for s in rp.stages},
                 replan_on_drift=self.replan_spec is not None and self.replan_spec.on_drift,
+                all_grouped=rp.all_grouped,
             )
             for s in rp.stages:
                 groups = rp.group_params(s)
@@ -203,7 +204,9 @@ class _Trainer:
                 # the real parameters (the parent checked the meta-device model, where it builds)
                 self.ctrl.check_groups(s, groups)
             for st in rp.pstages:
-                torch_pp.enable_freezing(st, self.units[st.stage_index], self._frozen)
+                torch_pp.enable_freezing(
+                    st, self.units[st.stage_index], self._frozen, self.ctrl.input_grad_needed
+                )
         self.sched = make_schedule(rp, loss_fn=self._loss, scale_grads=True)
         for st in rp.pstages:
             torch_pp.instrument_stage(st, self._make_around(st.stage_index))

@@ -129,6 +129,7 @@ class FreezeController:
         replan_on_drift: bool = False,
         warmup_steps: int | None = None,
         full_update_every: int | None = None,
+        all_grouped: Sequence[bool] | None = None,
     ) -> None:
         schedule = with_phases(
             schedule, warmup_steps=warmup_steps, full_update_every=full_update_every
@@ -146,6 +147,11 @@ class FreezeController:
         self._state = _State()
         self._missing = {"grad_norms": 0, "step_ms": 0}
         """Freezing steps whose `end_step` lacked an input a drift rule needs (warned once)."""
+        if all_grouped is not None and len(all_grouped) != pipe.n_stages:
+            raise MismatchError(
+                f"all_grouped names {len(all_grouped)} stages; the schedule has {pipe.n_stages}"
+            )
+        self._all_grouped = tuple(all_grouped) if all_grouped is not None else None
         self._load_plan(schedule)
 
     def set_schedule(self, schedule: Schedule) -> None:
@@ -257,6 +263,20 @@ class FreezeController:
             for groups in schedule.frozen.values()
             for mbs in groups.values()
         ) or any(r > 0 for g in schedule.ratios.values() for mb in g.values() for r in mb.values())
+        # (stage, microbatch) of every stage, not only this rank's, that the plan freezes whole
+        # (every group listed under `frozen`; with `all_grouped`): backward truncation below it
+        whole: set[tuple[int, int]] = set()
+        if self._all_grouped is not None and self.unit == "group":
+            for s in range(pipe.n_stages):
+                if not self._all_grouped[s] or not pipe.groups[s]:
+                    continue
+                listed = schedule.frozen.get(s, {})
+                every: set[int] = set(range(self.n_microbatches))
+                for name in pipe.groups[s]:
+                    text = listed.get(name)
+                    every &= set(parse_microbatches(text, self.n_microbatches)) if text else set()
+                whole.update((s, m) for m in every)
+        self._whole = frozenset(whole)
         self._window = -1
         self._plan: dict[tuple[int, int], frozenset[int]] = {}
         self._draw(max(0, self._state.step))
@@ -338,6 +358,15 @@ class FreezeController:
         if not self.freezing:
             return frozenset()
         return self._plan.get((stage, microbatch), frozenset())
+
+    def input_grad_needed(self, stage: int, microbatch: int) -> bool:
+        """Whether the backward of (stage, microbatch) must compute its input's gradient: False
+        only while freezing, where every stage before it is frozen whole in that microbatch (all
+        groups listed, every parameter grouped: `all_grouped`), so nothing upstream uses it —
+        `enable_freezing`'s backward truncation. Always True without `all_grouped`."""
+        if not self.freezing or self._all_grouped is None or stage == 0:
+            return True
+        return not all((s, microbatch) in self._whole for s in range(stage))
 
     def grad_scales(self, stage: int) -> dict[int, float | None]:
         """Per unit frozen in some microbatch this step: the gradient factor M/(M−k) (when

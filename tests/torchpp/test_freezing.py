@@ -1,9 +1,11 @@
 """Skipping frozen groups on stock torch pipelining: real 2-rank runs (gloo, CPU), exact gradients.
 
-One spawn per schedule runs four variants on identical models and data: torch unpatched, patched
-with nothing frozen, group 0 frozen in every microbatch, and group 0 frozen in the even
-microbatches (gradient rescaled by M/(M−k)). They are checked against gradients computed in this
-process without any pipeline.
+One spawn per schedule runs six variants on identical models and data: torch unpatched, patched
+with nothing frozen, group 0 frozen in every microbatch, group 0 frozen in the even microbatches
+(gradient rescaled by M/(M−k)), and stage 0 frozen whole in the even microbatches without and
+with backward truncation (stage 1 then computes no input gradient there). They are checked
+against gradients computed in this process without any pipeline, and truncation against the
+untruncated backward bit for bit.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch.multiprocessing as mp
 from freezeopt.torchpp.adapter import enable_freezing, scale_group_grads
 
 D, M, MB_ROWS = 16, 4, 3
-MODES = ("stock", "zero", "all0", "even0")
+MODES = ("stock", "zero", "all0", "even0", "whole0", "whole0cut")
 
 
 class Chunk(torch.nn.Module):
@@ -48,6 +50,8 @@ def _loss(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def _frozen_fn(mode: str):
+    if mode.startswith("whole0"):  # stage 0 frozen whole in the even microbatches
+        return lambda s, m: frozenset({0, 1}) if s == 0 and m % 2 == 0 else frozenset()
     if mode == "all0":
         return lambda s, m: frozenset({0})
     if mode == "even0":
@@ -74,10 +78,21 @@ def _worker(rank: int, world: int, port: int, schedule: str, out: str) -> None:
     for mode in MODES:
         chunks = _chunks(n_stages)
         stages, groups = [], {}
+        input_grads = dict.fromkeys(mine, 0)  # how many input gradients each stage computed
         for s in mine:
+
+            def count(mod, args, s=s, seen=input_grads):
+                if args[0].requires_grad:
+                    args[0].register_hook(lambda g: seen.__setitem__(s, seen[s] + 1))
+
+            chunks[s].register_forward_pre_hook(count)
             st = PipelineStage(chunks[s], s, n_stages, torch.device("cpu"))
             groups[s] = [list(chunks[s].a.parameters()), list(chunks[s].b.parameters())]
-            if mode != "stock":
+            if mode == "whole0cut":  # stage 1 needs no input gradient where stage 0 is frozen
+                enable_freezing(
+                    st, groups[s], _frozen_fn(mode), lambda s, m: not (s == 1 and m % 2 == 0)
+                )
+            elif mode != "stock":
                 enable_freezing(st, groups[s], _frozen_fn(mode))
             stages.append(st)
         sched = get_schedule_class(schedule)(stages if multi else stages[0], M, loss_fn=_loss)
@@ -91,6 +106,8 @@ def _worker(rank: int, world: int, port: int, schedule: str, out: str) -> None:
                 scale_group_grads(groups[s], {0: None})
             elif mode == "even0":
                 scale_group_grads(groups[s], {0: M / (M - M // 2)})
+            elif mode.startswith("whole0") and s == 0:
+                scale_group_grads(groups[s], {0: M / (M - M // 2), 1: M / (M - M // 2)})
         grads = {
             s: {
                 n: None if p.grad is None else p.grad.clone()
@@ -103,7 +120,7 @@ def _worker(rank: int, world: int, port: int, schedule: str, out: str) -> None:
         state = {
             s: {n: bool(opt.state.get(p)) for n, p in chunks[s].named_parameters()} for s in mine
         }
-        results[mode] = {"grads": grads, "params": params, "state": state}
+        results[mode] = {"grads": grads, "params": params, "state": state, "inputs": input_grads}
         dist.barrier()
     torch.save(results, f"{out}.{rank}")
     dist.destroy_process_group()
@@ -137,9 +154,14 @@ def test_freezing_on_stock_torch(tmp_path: Path, schedule: str) -> None:
     res = {}
     for r in range(2):
         for mode, data in torch.load(f"{out}.{r}").items():
-            for key in ("grads", "params", "state"):
+            for key in ("grads", "params", "state", "inputs"):
                 res.setdefault(mode, {}).setdefault(key, {}).update(data[key])
     n_stages = len(res["stock"]["grads"])
+    # truncation where stage 1's backward runs whole (1F1B): no input gradient in the even
+    # microbatches; split backwards (the zero-bubble schedules) compute it as before
+    cut = M // 2 if schedule == "1F1B" else 0
+    assert res["whole0cut"]["inputs"][1] == res["whole0"]["inputs"][1] - cut
+    assert res["whole0"]["inputs"][1] == M
     full = _reference(n_stages, list(range(M)))
     odd = _reference(n_stages, [m for m in range(M) if m % 2])
     for s in range(n_stages):
@@ -160,6 +182,11 @@ def test_freezing_on_stock_torch(tmp_path: Path, schedule: str) -> None:
             # frozen in the even microbatches, rescaled: the mean over the odd ones
             want = odd[s][name] if in_group0 else g
             assert torch.allclose(res["even0"]["grads"][s][name], want, atol=1e-6), (s, name)
+            # stage 0 frozen whole in the even microbatches: its gradients the odd ones' mean, the
+            # others' untouched; truncating stage 1's backward there changes no gradient at all
+            want = odd[s][name] if s == 0 else g
+            assert torch.allclose(res["whole0"]["grads"][s][name], want, atol=1e-6), (s, name)
+            assert torch.equal(res["whole0cut"]["grads"][s][name], res["whole0"]["grads"][s][name])
 
 
 def test_stages_wrapped_by_fsdp2_or_ddp_are_refused_not_frozen_wrongly() -> None:

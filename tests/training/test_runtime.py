@@ -382,3 +382,26 @@ def test_a_replan_with_fingerprints_replaces_a_plan_without() -> None:
     other = dataclasses.replace(old, pipeline=dataclasses.replace(old.pipeline, n_microbatches=8))
     with pytest.raises(MismatchError, match="same pipeline"):
         c.set_schedule(_fingerprinted(other, 64))
+
+
+def test_input_grad_is_not_needed_only_below_stages_frozen_whole() -> None:
+    """Backward truncation's decision (`enable_freezing`'s `input_grad`): stage 1 needs no input
+    gradient in a microbatch where stage 0 is frozen whole — every group listed, every parameter
+    grouped — and only while freezing."""
+    s0, s1 = _schedule().pipeline.groups
+    sched = _with_frozen(
+        _schedule(Phases(warmup_steps=1, full_update_every=0)),
+        {0: {s0[0]: "0,2", s0[1]: "0"}, 1: {s1[0]: "0-3"}},
+    )
+    ctrl = FreezeController(sched, stages=[1], all_grouped=(True, True))
+    ctrl.begin_step(0)  # warm-up: full updates, every backward whole
+    assert all(ctrl.input_grad_needed(1, m) for m in range(4))
+    ctrl.begin_step(1)
+    assert [ctrl.input_grad_needed(1, m) for m in range(4)] == [False, True, True, True]
+    assert ctrl.input_grad_needed(0, 0)  # stage 0's input is data
+    for grouped in (None, (False, True)):  # unknown, or stage 0 holds ungrouped parameters
+        other = FreezeController(sched, stages=[1], all_grouped=grouped)
+        other.begin_step(1)
+        assert other.input_grad_needed(1, 0)
+    with pytest.raises(MismatchError, match="all_grouped names 3 stages"):
+        FreezeController(sched, stages=[1], all_grouped=(True, True, True))
