@@ -15,7 +15,9 @@ and data order for every policy; `none` first in every repeat, the others rotate
   model said (`signal dropped`), and what the `measured` sensitivity of the compare's profile
   says of the same plan;
 * the validation loss at equal wall-clock (at `none`'s training time to step N, interpolated);
-* the share of (group, microbatch) slots the plan freezes after warm-up (the plans are static).
+* the share of (group, microbatch) slots the plan freezes after warm-up (static plans), or, for the
+  progressive policies (`autofreeze`, `composer`), over the run: the mean over steps of the frozen
+  prefix's share of the groups, from the run's `progression` events.
 
 `--report-only` rebuilds both files from the folders.
 """
@@ -62,6 +64,8 @@ POLICIES: tuple[Policy, ...] = (
     "none",
     "uniform",
     "stability",
+    "autofreeze",
+    "composer",
     "timelyfreeze-matched",
     "freezeopt",
     "freezeopt-ttq",
@@ -137,6 +141,24 @@ def _at_time(run: Run, t: float) -> float | None:
     return None
 
 
+def _progressive_share(run: Run, dag: Any) -> float:
+    """Mean over the run's steps of the share of groups its progression had frozen whole."""
+    groups = sum(len(g) for g in dag.group_names)
+    grown = []
+    path = Path(run.out_dir) / "events.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        e = json.loads(line)
+        if e.get("event") == "progression":
+            grown.append((int(e["step"]), int(e["frozen_groups"])))
+    steps = max(1, run.end_step)
+    total, prefix, at = 0.0, 0, 0
+    for step, n in sorted(grown):
+        total += prefix * (step - at)
+        prefix, at = n, step
+    total += prefix * (steps - at)
+    return total / (steps * groups) if groups else 0.0
+
+
 def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
     """One regime's figures (see the module docstring)."""
     folder = Path(rep.out_dir)
@@ -183,7 +205,12 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
             else round(statistics.median(x for x in lost if x is not None), 4),
             "val_loss_at_none_time": _stats(same_time)["median"],
             "val_loss_at_n": res.val_loss,
-            "frozen_share": round(sum(plan.values()) / slots, 4) if slots else 0.0,
+            "frozen_share": round(
+                statistics.median(_progressive_share(r, dag) for r in runs)
+                if sched.progression is not None
+                else (sum(plan.values()) / slots if slots else 0.0),
+                4,
+            ),
             "status": sched.provenance.status,
         }
     return {

@@ -1,5 +1,5 @@
 """`python -m freezeopt` runs the command-line interface."""
 
-from freezeopt.cli import main
+from freezeopt.entry import main
 
 main()

@@ -245,10 +245,10 @@ def main() -> Iterator[Callable[[list[str]], None]]:
     """The console-script entry point, with the collector's thresholds it sets put back."""
     import gc
 
-    from freezeopt import cli
+    from freezeopt import entry
 
     before = gc.get_threshold()
-    yield cli.main
+    yield entry.main
     gc.set_threshold(*before)
 
 
@@ -453,16 +453,16 @@ def test_the_entry_point_collects_garbage_less_often(monkeypatch: pytest.MonkeyP
     """`main` raises the collector's thresholds before running the command (see GC_THRESHOLD)."""
     import gc
 
-    from freezeopt import cli
+    from freezeopt import entry
 
     seen: list[tuple[int, ...]] = []
     before = gc.get_threshold()
-    monkeypatch.setattr(cli, "app", lambda **_: seen.append(gc.get_threshold()))
+    monkeypatch.setattr(entry, "app", lambda **_: seen.append(gc.get_threshold()))
     try:
         with pytest.raises(SystemExit) as exited:
-            cli.main()
+            entry.main()
     finally:
         gc.set_threshold(*before)
     assert exited.value.code == 0
-    assert seen == [cli.GC_THRESHOLD]
-    assert cli.GC_THRESHOLD[0] > before[0]
+    assert seen == [entry.GC_THRESHOLD]
+    assert entry.GC_THRESHOLD[0] > before[0]

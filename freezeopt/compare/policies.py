@@ -18,6 +18,12 @@ plan and nothing else. All are built from one profile, at matched budgets where 
   drops freezeopt's budget of signal, measured by the same estimator (`matched_stage_cap`:
   bisection on the cap) — TimelyFreeze at freezeopt's budget, the like-for-like point;
 * `freezeopt` / `freezeopt-heuristic`: our MILP and heuristic, at the budget;
+* `autofreeze`: AutoFreeze's rule (Liu et al., 2021) as a schedule `progression`: every 5 % of the
+  N steps, the groups whose gradient norm changed least (at or below the median change of the
+  groups still trained) join a frozen prefix, first group first, never the last; frozen whole,
+  so the backward below them is truncated;
+* `composer`: Composer's LayerFreezing defaults as a `progression`: from half of the N steps on,
+  a prefix that grows linearly to every group at step N;
 * `freezeopt-ttq`: the MILP with the `ttq` objective and the `measured` sensitivity (where the
   profile has the probe loss; `gns` otherwise): the plan with the least predicted time to quality
   under the budget as a cap, or nothing frozen where freezing does not pay.
@@ -32,7 +38,7 @@ from typing import Literal
 from freezeopt.actions import Action
 from freezeopt.errors import InputError
 from freezeopt.formats.profile import GroupProfile, Profile, StageProfile, Stat, profile_sha256
-from freezeopt.formats.schedule import Phases, Realisation, Schedule
+from freezeopt.formats.schedule import Phases, Progression, Realisation, Schedule
 from freezeopt.model.dag import PipelineDag, build_dag
 from freezeopt.model.sensitivity import Estimator, GroupSignal, estimate_signal
 from freezeopt.model.simulate import simulate
@@ -63,6 +69,8 @@ Policy = Literal[
     "freezeopt",
     "freezeopt-heuristic",
     "freezeopt-ttq",
+    "autofreeze",
+    "composer",
 ]
 POLICIES: tuple[Policy, ...] = (
     "none",
@@ -73,8 +81,12 @@ POLICIES: tuple[Policy, ...] = (
     "freezeopt",
     "freezeopt-heuristic",
     "freezeopt-ttq",
+    "autofreeze",
+    "composer",
 )
-BUDGETED: tuple[Policy, ...] = tuple(p for p in POLICIES if p not in ("none", "timelyfreeze"))
+BUDGETED: tuple[Policy, ...] = tuple(
+    p for p in POLICIES if p not in ("none", "timelyfreeze", "autofreeze", "composer")
+)
 """The policies whose plan depends on the budget (a budget sweep runs these)."""
 MATCH_TOLERANCE = 0.01
 """`matched_stage_cap` stops when the signal dropped is within this share of the budget."""
@@ -91,10 +103,12 @@ def policy_schedule(
     seed: int = 0,
     time_limit: float = 60.0,
     stage_cap: float = 0.9,
+    total_steps: int = 120,
 ) -> tuple[Schedule, SolveResult]:
     """The schedule file of `policy` for `profile` (and the figures behind it).
 
     `stage_cap` is `timelyfreeze`'s cap; `timelyfreeze-matched` chooses its own from `budget`.
+    `total_steps` is the run's length the progressive policies (`autofreeze`, `composer`) scale to.
     """
     if policy not in POLICIES:
         raise InputError(f"unknown policy {policy!r}; use one of {', '.join(POLICIES)}")
@@ -106,6 +120,7 @@ def policy_schedule(
     )
     sha = profile_sha256(profile)
     realisation = None
+    progression: Progression | None = None
     if policy == "freezeopt-ttq":
         sensitivity = "measured" if profile.probe is not None else "gns"
         opts = SolveOptions(
@@ -137,6 +152,21 @@ def policy_schedule(
         opts = SolveOptions(
             mode="lp", budget=1.0, group_cap=1.0, stage_cap=stage_cap, sensitivity="flat"
         )
+    elif policy in ("autofreeze", "composer"):
+        model = FreezeProblem(dag, signal, opts)
+        result = _result_of(dag, model, {}, policy, budget)
+        result = dataclasses.replace(
+            result,
+            notes=(
+                f"{policy}: freezes a growing prefix of whole groups while training; the "
+                "prediction is for its start, with nothing frozen",
+            ),
+        )
+        if policy == "composer":
+            progression = Progression(kind="linear", start=0.5, level=1.0, total_steps=total_steps)
+        else:
+            every = max(1, round(0.05 * total_steps))
+            progression = Progression(kind="gradient_change", every=every, percentile=0.5)
     else:
         model = FreezeProblem(dag, signal, opts)
         if policy == "none":
@@ -156,6 +186,8 @@ def policy_schedule(
         realisation=realisation,
         label=policy,
     )
+    if progression is not None:
+        sched = dataclasses.replace(sched, progression=progression)
     return sched, result
 
 

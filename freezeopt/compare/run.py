@@ -236,6 +236,7 @@ def compare_job(
                 phases=phases,
                 seed=opts.seed,
                 time_limit=opts.time_limit,
+                total_steps=opts.steps,
             )
             predicted[(policy, budget)] = res
             caps[(policy, budget)] = sched.provenance.stage_cap

@@ -29,6 +29,7 @@ __all__ = [
     "Drift",
     "Phases",
     "PipelineShape",
+    "Progression",
     "Realisation",
     "Schedule",
     "check_fits",
@@ -150,6 +151,35 @@ class Realisation:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Progression:
+    """Freezing that grows over training, whole groups from the model's first on (a frozen
+    prefix), on top of `frozen` — the rules of progressive-freezing systems, for comparison:
+
+    * `linear` (Composer's LayerFreezing): from `start` of `total_steps` on, the first
+      ⌊G·level·(f − start)/(1 − start)⌋ of the G groups are frozen at training fraction f;
+    * `gradient_change` (AutoFreeze's rule): every `every` freezing steps, each group's mean
+      gradient norm over the window is compared with the window before; the prefix grows over
+      the next groups while their relative change is at or below the `percentile`-th percentile
+      of the changes of the groups still trained; the last group is never frozen.
+
+    A frozen prefix group is frozen in every microbatch (`grad = None`), and stages frozen whole
+    truncate the backward of the stage after them."""
+
+    __pydantic_config__ = _CONFIG
+    kind: Literal["linear", "gradient_change"]
+    start: Share = 0.5
+    """`linear`: the training fraction at which freezing starts."""
+    level: Share = 1.0
+    """`linear`: the share of the groups frozen at the end of training."""
+    total_steps: Annotated[int, Field(ge=1)] = 1
+    """`linear`: the steps the fractions are of (a run may go on past them: nothing more freezes)."""
+    every: Annotated[int, Field(ge=1)] = 10
+    """`gradient_change`: the window, in freezing steps, between two decisions."""
+    percentile: Share = 0.5
+    """`gradient_change`: the threshold, as a quantile of the trained groups' changes."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Phases:
     """Training phases the runtime follows."""
 
@@ -235,6 +265,9 @@ class Schedule:
     skip (whole-group freezes are listed under `frozen`)."""
     realisation: Realisation = field(default_factory=Realisation)
     """How the runtime realises the plan (defaults: whole groups, rescaled)."""
+    progression: Progression | None = None
+    """Freezing that grows over training (a frozen prefix, `Progression`); absent: the plan
+    above is all there is."""
 
 
 _ADAPTER: TypeAdapter[Schedule] = TypeAdapter(Schedule)
@@ -323,6 +356,8 @@ def dump_schedule(schedule: Schedule) -> str:
     for key in ("progress_ratio", "time_to_quality"):
         if data["prediction"][key] is None:  # an older file read back
             del data["prediction"][key]
+    if data["progression"] is None:
+        del data["progression"]
     if data["provenance"]["objective"] == "step":  # the default, left unsaid
         del data["provenance"]["objective"]
         del data["provenance"]["budget_cap"]

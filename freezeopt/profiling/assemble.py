@@ -331,11 +331,20 @@ def assemble(
             for g in names
         )
         n_trunc = len(names) + 1
-        truncation = (
-            tuple(_stat(rounds[s][f"truncation.{j}"], scale=scale) for j in range(n_trunc))
-            if all(f"truncation.{j}" in rounds[s] for j in range(n_trunc))
-            else ()
-        )
+        truncation: tuple[Stat, ...] = ()
+        if all(f"truncation.{j}" in rounds[s] for j in range(n_trunc)):
+            gains = [
+                max(0.0, statistics.median(rounds[s][f"truncation.{j}"])) for j in range(n_trunc)
+            ]
+            # what truncation saves fits in the action too, beside the (scaled) group costs
+            room = max(0.0, fit - total * scale) if fit > 0 else 0.0
+            t_scale = scale
+            if sum(gains) * scale > room:
+                t_scale = room / sum(gains) if sum(gains) > 0 else 0.0
+            truncation = tuple(
+                _stat(rounds[s][f"truncation.{j}"], scale=t_scale) for j in range(n_trunc)
+            )
+            group_detail[str(s)]["truncation_scaled_by"] = t_scale
         stages.append(
             StageProfile(
                 stage=s,

@@ -29,21 +29,10 @@ for a CSV order). After `warmup_steps` steps it measures `measure_steps` steps:
   (EMA factor 0.9, i.e. a window of about 10 steps, tracked from the first step). This holds every
   microbatch's gradient until the step ends (memory: microbatches × parameters); set
   `gradient_traces: false` to run torch's own accumulation instead (no traces then).
-* weight-gradient cost per group, measured after training on each stage in isolation on a real
-  microbatch (its captured input, target and incoming gradient), in the form the stage's weight
-  gradients take in the schedule. For stages with full backwards (B), and for stage 0 of split
-  schedules (whose W is torch's full backward): one forward, then `cost_samples` rounds of
-  `torch.autograd.grad` over the retained graph with inputs = the stage input plus (a) all
-  parameters, (b) all parameters except group g, for each g, (c) no parameters. For the other
-  stages of split schedules (I then W): per round a fresh forward and torch's I step, then torch's
-  W step (`stage_backward_weight`) restricted to (a) all parameters or (b) all but group g — how a
-  runtime skips frozen groups in W. A group's cost is the median over rounds of (a) − (b), paired
-  within a round: the time freezing g alone saves. For stages after the first the group costs add
-  up to (a) − (c), the stage's weight-gradient time, within noise; on the first stage freezing a
-  group can also skip backpropagating to the layers below it, so leave-one-out costs are not
-  additive there and sum to less. Negative differences (noise) are clipped to 0. If a stage's
-  group costs add up to more than one of its B/W actions took in the pipeline, they are scaled
-  down to fit (the DAG requires it) and the factor is recorded in `extra["group_costs"]`.
+* weight-gradient cost per group and what backward truncation saves, measured after training on
+  each stage in isolation on a real microbatch (`freezeopt.profiling.group_costs`);
+* what freezing costs in loss: each group's share of a held-out probe loss's change per measured
+  step, and two branch runs after them (`freezeopt.profiling.loss_cost`);
 * lags: derived from the wall timeline — for a cross-rank edge u → v (activations F(s)→F(s+1),
   input gradients of s+1 → of s) in steps where v's rank was idle when u ended, the lag is
   start(v) − end(u): transfer plus send/receive overhead, the delay the DAG must model. Edges with
@@ -81,7 +70,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +84,7 @@ from freezeopt.profiling.assemble import (
     RankResult,
     assemble,
 )
+from freezeopt.profiling.group_costs import CostMeter
 from freezeopt.profiling.loss_cost import LcaTracker, branch_frozen
 from freezeopt.torchpp.faults import RANK_FAULTS, Fault, parse_faults
 from freezeopt.torchpp.job import Job, open_job
@@ -130,7 +120,6 @@ __all__ = [
     "profile_job",
 ]
 
-_COST_WARMUP_ROUNDS = 2
 _LAG_WARMUP = 5
 
 
@@ -501,7 +490,18 @@ class _Runner:
             self.beat.set_phase("branches")
             branch = self._branches(total)
         self.beat.set_phase("costs")
-        cost_rounds = self._group_costs()
+        cost_rounds = CostMeter(
+            mods=self.mods,
+            params=self.params,
+            group_idx=self.group_idx,
+            loss_fn=self.loss_fn,
+            last=self.last,
+            clock=self.clock,
+            beat=self.beat,
+            captured_in=self.captured_in,
+            captured_grads=self.captured_grads,
+            captured_target=self.captured_target,
+        ).group_costs({s: self._cost_mode(s) for s in self.my}, self.job.cost_samples)
         self.beat.tick(2 + total)
         self.beat.set_phase("lags")
         pingpong, shapes = self._pingpong()
@@ -658,115 +658,6 @@ class _Runner:
         n_w = sum(a.kind == "W" for a in acts)
         n_b = sum(a.kind == "B" for a in acts)
         return "split" if s != 0 and n_w > n_b else "full"
-
-    def _stage_graph(self, s: int) -> tuple[list[Any], list[Any] | None, list[Any]]:
-        """A fresh forward of stage `s` on the captured microbatch: (outputs, output grads, inputs)."""
-        import torch
-
-        if s not in self.captured_in:
-            raise RuntimeError(
-                f"stage {s}: no microbatch input was captured for the cost measurement"
-            )
-        inp = tuple(
-            a.detach().clone().requires_grad_(a.requires_grad) if hasattr(a, "detach") else a
-            for a in self.captured_in[s]
-        )
-        with torch.enable_grad():
-            raw = self.mods[s](*inp)
-            if s == self.last:
-                return [self.loss_fn(raw, self.captured_target)], None, list(inp)
-        seq = list(raw) if isinstance(raw, tuple) else [raw]
-        slots = self.captured_grads.get(s, [])
-        pairs = [(t, g) for t, g in zip(seq, slots, strict=False) if g is not None]
-        if not pairs:
-            raise RuntimeError(
-                f"stage {s}: no output gradient was captured for the cost measurement"
-            )
-        return [t for t, _ in pairs], [g for _, g in pairs], list(inp)
-
-    def _group_costs(self) -> dict[int, dict[str, tuple[float, ...]]]:
-        """Leave-one-out weight-gradient cost of every group of every local stage (see module docstring)."""
-        out: dict[int, dict[str, tuple[float, ...]]] = {}
-        for s in self.my:
-            groups = self.group_idx[s]
-            every = list(range(len(self.params[s])))
-            mode = self._cost_mode(s)
-            measure = self._split_w_ms if mode == "split" else self._full_backward_ms
-            samples: dict[str, list[float]] = {"all": [], "none": []}
-            for g, _ in groups:
-                samples[g] = []
-            graph = self._stage_graph(s) if mode == "full" else None
-            grouped = {i for _, idx in groups for i in idx}
-            ungrouped = [i for i in every if i not in grouped]
-            for rnd in range(self.job.cost_samples + _COST_WARMUP_ROUNDS):
-                a = measure(s, graph, every)
-                loo = {
-                    g: a - measure(s, graph, [i for i in every if i not in set(idx)])
-                    for g, idx in groups
-                }
-                n = measure(s, graph, [])
-                # truncation: no input gradient, the first j groups frozen (full backwards only)
-                trunc: list[float] = []
-                if graph is not None:
-                    ts = [
-                        self._truncated_ms(
-                            s, graph, ungrouped + [i for _, idx in groups[j:] for i in idx]
-                        )
-                        for j in range(len(groups) + 1)
-                    ]
-                    trunc = [a - ts[0]] + [
-                        ts[j - 1] - ts[j] - loo[groups[j - 1][0]] for j in range(1, len(ts))
-                    ]
-                if rnd >= _COST_WARMUP_ROUNDS:
-                    samples["all"].append(a)
-                    samples["none"].append(n)
-                    for g, v in loo.items():
-                        samples[g].append(v)
-                    for j, v in enumerate(trunc):
-                        samples.setdefault(f"truncation.{j}", []).append(v)
-                self.beat.tick()
-            for p in self.params[s]:
-                p.grad = None
-            out[s] = {k: tuple(v) for k, v in samples.items()}
-        return out
-
-    def _full_backward_ms(self, s: int, graph: Any, active: Sequence[int]) -> float:
-        """Cost of a full backward (input gradient plus params[active]) over the retained graph."""
-        outs, grads, inputs = graph
-        ins = [t for t in inputs if hasattr(t, "requires_grad") and t.requires_grad]
-        return self._timed_grad(outs, grads, ins + [self.params[s][i] for i in active])
-
-    def _truncated_ms(self, s: int, graph: Any, active: Sequence[int]) -> float:
-        """Cost of a backward over the retained graph for params[active] only, no input gradient:
-        autograd stops below the first of them."""
-        outs, grads, _ = graph
-        return self._timed_grad(outs, grads, [self.params[s][i] for i in active])
-
-    def _split_w_ms(self, s: int, graph: Any, active: Sequence[int]) -> float:
-        """Cost of torch's W step for params[active] after its I step, on a fresh forward (0 if none)."""
-        from freezeopt.torchpp import adapter as torch_pp
-
-        if not active:
-            return 0.0
-        outs, grads, inputs = self._stage_graph(s)
-        weight = torch_pp.split_backward(outs, grads, inputs, self.params[s])
-        tok = self.clock.start()
-        weight(active)
-        cost = self.clock.stop(tok)
-        self.clock.sync()
-        return self.clock.resolve(cost)
-
-    def _timed_grad(self, outs: list[Any], grads: list[Any] | None, targets: list[Any]) -> float:
-        """Cost (ms) of one `autograd.grad` from `outs` to `targets` over the retained graph; 0 if no targets."""
-        import torch
-
-        if not targets:
-            return 0.0
-        tok = self.clock.start()
-        torch.autograd.grad(outs, targets, grad_outputs=grads, retain_graph=True, allow_unused=True)
-        cost = self.clock.stop(tok)
-        self.clock.sync()
-        return self.clock.resolve(cost)
 
     def _pingpong(
         self,

@@ -545,7 +545,8 @@ def _supervise(
                         b.ts,
                         b.step,
                         b.phase,
-                        f"the process died ({how}) without reporting an error",
+                        f"the process died ({how}) without reporting an error"
+                        + _before_its_log(logdir / f"rank{r}.log"),
                         None,
                     )
                     first_bad = first_bad or now
@@ -572,6 +573,22 @@ def _supervise(
         slowest = min(views, key=lambda v: v.units)
         update(slowest.units, slowest.phase)
     return [results[r] for r in range(world)]
+
+
+def _before_its_log(log: Path) -> str:
+    """Where a rank died before it opened its log (unpickling what it was sent), what the fork
+    server printed for it — its last line — since the log named in the error holds nothing."""
+    try:
+        if log.stat().st_size > 0:
+            return ""
+    except OSError:
+        pass
+    try:
+        text = fork_server_log().read_text(errors="replace")
+    except OSError:
+        return ""
+    last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")
+    return f", before it opened its log: {last[:300]}" if last else ""
 
 
 def _hang_limit(job: Job, view: _BeatView) -> float:

@@ -16,6 +16,14 @@ then about tensors (`unit`), and the caller passes the tensor count of each grou
 redrawn every `redraw_every` steps, seeded by (seed, stage, microbatch, window) alone, so every
 rank and every resumed run draws the same. `realisation.rescale: false` turns rescaling off.
 
+A schedule's `progression` (`freezeopt.formats.schedule.Progression`) adds freezing that grows
+over training on top of the plan: a prefix of whole groups in model order, frozen in every
+microbatch — Composer's linear rule (from the step, in `begin_step`) or AutoFreeze's
+gradient-change rule (from the all-reduced gradient norms every window, in `end_step`, so every
+rank decides the same); each growth is a `progression` event, the prefix is part of the state,
+and the step-time rule is off (the plan changes as it goes). `input_grad_needed` tells the runtime
+where a stage may truncate its backward: below stages frozen whole in a microbatch.
+
 Phases follow the schedule file: full updates for `warmup_steps`, then freezing, interrupted by a
 full-update window of `full_update_steps` every `full_update_every` steps. Drift rules (defaults in
 the schedule's `phases.drift`):
@@ -113,6 +121,12 @@ class _State:
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_TIME_WINDOW))
     full_times: deque[float] = field(default_factory=lambda: deque(maxlen=_FULL_WINDOW))
     fallbacks: int = 0
+    prefix: int = 0
+    """Groups (model order) the schedule's progression has frozen whole so far."""
+    window: dict[str, list[float]] = field(default_factory=dict)
+    """`gradient_change`: this window's gradient norms of the groups still trained."""
+    last_means: dict[str, float] = field(default_factory=dict)
+    """`gradient_change`: the previous window's mean gradient norms."""
 
 
 class FreezeController:
@@ -277,6 +291,16 @@ class FreezeController:
                     every &= set(parse_microbatches(text, self.n_microbatches)) if text else set()
                 whole.update((s, m) for m in every)
         self._whole = frozenset(whole)
+        self.progression = schedule.progression
+        self._order = [(s, g) for s in range(pipe.n_stages) for g in range(len(pipe.groups[s]))]
+        """Every group of the pipeline in model order: what a progression freezes, first on."""
+        if self.progression is not None:
+            if self.unit != "group":
+                raise InputError(
+                    "a schedule with a progression freezes whole groups: its realisation must be "
+                    "groups, not random_tensors"
+                )
+            self._freezes = True
         self._window = -1
         self._plan: dict[tuple[int, int], frozenset[int]] = {}
         self._draw(max(0, self._state.step))
@@ -317,7 +341,33 @@ class FreezeController:
         if phase != st.phase:
             events.append({"step": step, "event": "phase", "from": st.phase, "to": phase})
             st.phase = phase
+        prog = self.progression
+        if prog is not None and prog.kind == "linear":
+            f = min(1.0, step / prog.total_steps)
+            g = len(self._order)
+            want = (
+                0
+                if f < prog.start or prog.start >= 1
+                else math.floor(g * prog.level * (f - prog.start) / (1 - prog.start) + 1e-9)
+            )
+            events += self._grow(min(g, want), step)
         return events
+
+    def _grow(self, prefix: int, step: int, **why: Any) -> list[dict[str, Any]]:
+        """Freeze the first `prefix` groups whole (never fewer than before); the event."""
+        st = self._state
+        if prefix <= st.prefix:
+            return []
+        st.prefix = prefix
+        s, g = self._order[prefix - 1]
+        last = f"{s}/{self.schedule.pipeline.groups[s][g]}"
+        return [
+            {"step": step, "event": "progression", "frozen_groups": prefix, "through": last, **why}
+        ]
+
+    def _prefix_of(self, stage: int) -> frozenset[int]:
+        """The groups of `stage` in the progression's frozen prefix (empty without one)."""
+        return frozenset(g for s, g in self._order[: self._state.prefix] if s == stage)
 
     @property
     def phase(self) -> str:
@@ -335,7 +385,11 @@ class FreezeController:
 
     def frozen_plan(self, stage: int) -> dict[int, frozenset[int]]:
         """Microbatch → unit indices frozen in freezing phases (the current plan for `stage`)."""
-        return {m: gs for (s, m), gs in sorted(self._plan.items()) if s == stage}
+        prefix = self._prefix_of(stage)
+        plan = {m: gs for (s, m), gs in sorted(self._plan.items()) if s == stage}
+        if prefix:
+            plan = {m: plan.get(m, frozenset()) | prefix for m in range(self.n_microbatches)}
+        return plan
 
     def expected_step_ms(self) -> float:
         """The freezing step time the step-time rule expects (see the module docstring)."""
@@ -357,7 +411,8 @@ class FreezeController:
         (stage, microbatch) skips."""
         if not self.freezing:
             return frozenset()
-        return self._plan.get((stage, microbatch), frozenset())
+        planned = self._plan.get((stage, microbatch), frozenset())
+        return planned | self._prefix_of(stage) if self._state.prefix else planned
 
     def input_grad_needed(self, stage: int, microbatch: int) -> bool:
         """Whether the backward of (stage, microbatch) must compute its input's gradient: False
@@ -366,7 +421,14 @@ class FreezeController:
         `enable_freezing`'s backward truncation. Always True without `all_grouped`."""
         if not self.freezing or self._all_grouped is None or stage == 0:
             return True
-        return not all((s, microbatch) in self._whole for s in range(stage))
+        done = {s for s, _ in self._order[: self._state.prefix]}
+        whole = {
+            s
+            for s in done
+            if self._all_grouped[s]
+            and len(self._prefix_of(s)) == len(self.schedule.pipeline.groups[s])
+        }
+        return not all((s, microbatch) in self._whole or s in whole for s in range(stage))
 
     def grad_scales(self, stage: int) -> dict[int, float | None]:
         """Per unit frozen in some microbatch this step: the gradient factor M/(M−k) (when
@@ -376,7 +438,7 @@ class FreezeController:
         m = self.n_microbatches
         counts: dict[int, int] = {}
         for mb in range(m):
-            for g in self._plan.get((stage, mb), ()):
+            for g in self.frozen_groups(stage, mb):
                 counts[g] = counts.get(g, 0) + 1
         out: dict[int, float | None] = {}
         for g, k in counts.items():
@@ -402,6 +464,8 @@ class FreezeController:
             for name, given in (("grad_norms", grad_norms), ("step_ms", step_ms)):
                 if given is not None or self._missing[name] < 0:
                     continue
+                if name == "step_ms" and self.progression is not None:
+                    continue  # the step-time rule is off with a progression anyway
                 self._missing[name] += 1
                 if self._missing[name] >= _MISSING_WARN:
                     self._missing[name] = -1  # warned
@@ -428,7 +492,13 @@ class FreezeController:
                     med = statistics.median(hist_g)
                     if med > 0 and v > drift_cfg.grad_norm_spike * med:
                         fired.append(f"grad_norm_spike:{name}")
-            if step_ms is not None and math.isfinite(step_ms) and self.freezing:
+            # a progression changes the plan as it goes: the schedule's prediction is not its own
+            if (
+                step_ms is not None
+                and math.isfinite(step_ms)
+                and self.freezing
+                and self.progression is None
+            ):
                 st.step_times.append(step_ms)
                 pred = self.expected_step_ms()
                 if len(st.step_times) == _TIME_WINDOW and pred > 0:
@@ -442,6 +512,9 @@ class FreezeController:
             for name, v in norms.items():
                 st.grad_norms.setdefault(name, deque(maxlen=_GRAD_WINDOW)).append(v)
         events: list[dict[str, Any]] = []
+        prog = self.progression
+        if prog is not None and prog.kind == "gradient_change" and self.freezing and not fired:
+            events += self._gradient_change(norms)
         if fired == ["step_time"] and self.replan_on_drift:
             st.step_times.clear()
             events.append(
@@ -471,6 +544,35 @@ class FreezeController:
                 }
             )
         return Decision(drift=tuple(fired), rollback=rollback, events=tuple(events))
+
+    def _gradient_change(self, norms: Mapping[str, float]) -> list[dict[str, Any]]:
+        """AutoFreeze's rule (`Progression`): a window's mean gradient norms against the last
+        window's; the prefix grows over groups whose relative change is at most the percentile."""
+        st, prog = self._state, self.progression
+        assert prog is not None
+        names = [f"{s}/{self.schedule.pipeline.groups[s][g]}" for s, g in self._order]
+        trained = names[st.prefix :]
+        for n in trained:
+            if n in norms:
+                st.window.setdefault(n, []).append(norms[n])
+        if max((len(v) for v in st.window.values()), default=0) < prog.every:
+            return []
+        means = {n: statistics.fmean(v) for n, v in st.window.items() if v}
+        st.window = {}
+        before, st.last_means = st.last_means, means
+        change = {
+            n: abs(means[n] - before[n]) / before[n]
+            for n in trained
+            if n in means and before.get(n, 0) > 0
+        }
+        if len(change) < 2:
+            return []
+        ranked = sorted(change.values())
+        threshold = ranked[min(len(ranked) - 1, math.floor(prog.percentile * (len(ranked) - 1)))]
+        prefix = st.prefix
+        while prefix < len(names) - 1 and change.get(names[prefix], math.inf) <= threshold:
+            prefix += 1
+        return self._grow(prefix, st.step, threshold=threshold)
 
     @property
     def fallbacks(self) -> int:
@@ -506,6 +608,9 @@ class FreezeController:
             "full_step_times": list(st.full_times),
             "fallbacks": st.fallbacks,
             "calibration": self._calib,
+            "prefix": st.prefix,
+            "window": {k: list(v) for k, v in st.window.items()},
+            "last_means": dict(st.last_means),
         }
 
     def rollback_to(self, state: Mapping[str, Any]) -> None:
@@ -517,6 +622,7 @@ class FreezeController:
         st = self._state
         st.step, st.phase = now.step, now.phase
         st.fallback_until, st.fallbacks = now.fallback_until, now.fallbacks
+        st.prefix = max(st.prefix, now.prefix)  # what froze stays frozen (its weights did not move)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict()` output."""
@@ -530,6 +636,9 @@ class FreezeController:
         st.step_times.extend(float(x) for x in state["step_times"])
         st.full_times.extend(float(x) for x in state.get("full_step_times", ()))
         st.fallbacks = int(state["fallbacks"])
+        st.prefix = int(state.get("prefix", 0))
+        st.window = {k: [float(x) for x in v] for k, v in state.get("window", {}).items()}
+        st.last_means = {k: float(v) for k, v in state.get("last_means", {}).items()}
         self._state = st
         calib = state.get("calibration")
         self._calib = None if calib is None else float(calib)

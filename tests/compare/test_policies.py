@@ -110,3 +110,19 @@ def test_matched_cap_grows_with_the_budget_and_stops_at_1(profile) -> None:
     assert caps == sorted(caps) and len(set(caps)) == 3
     top, r = matched_stage_cap(profile, 1.0, time_limit=20)
     assert top == 1.0 and r.signal_dropped < 1.0 and "cannot drop more" in r.notes[-1]
+
+
+def test_the_progressive_policies_carry_their_rules(profile) -> None:
+    """`composer` and `autofreeze` plan nothing up front: their schedules carry the rule the
+    runtime grows a frozen prefix by, scaled to the run's length."""
+    composer, r = policy_schedule(profile, "composer", total_steps=300)
+    assert composer.frozen == {} and r.predicted_ms == pytest.approx(r.baseline_ms)
+    assert composer.progression is not None
+    assert (composer.progression.kind, composer.progression.start) == ("linear", 0.5)
+    assert (composer.progression.level, composer.progression.total_steps) == (1.0, 300)
+    auto, _ = policy_schedule(profile, "autofreeze", total_steps=300)
+    assert auto.progression is not None and auto.progression.kind == "gradient_change"
+    assert auto.progression.every == 15  # 5 % of the run
+    back = parse_schedule(yaml.safe_load(dump_schedule(auto)))
+    assert back.progression == auto.progression
+    assert "progression" not in dump_schedule(policy_schedule(profile, "none")[0])

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from freezeopt.compare.policies import MATCH_TOLERANCE, POLICIES
+from freezeopt.compare.policies import BUDGETED, MATCH_TOLERANCE, POLICIES
 from freezeopt.compare.run import (
     CompareOptions,
     CompareReport,
@@ -129,7 +129,7 @@ def test_compare_tiny(tmp_path: Path) -> None:
     again = load_compare(out)
     assert again.results == rep.results and again.runs == rep.runs
     assert again.run_info["command"] == "cmd under test" and again.run_info["wall_s"] > 0
-    swept = [p for p in opts.policies if p not in ("none", "timelyfreeze")]
+    swept = [p for p in opts.policies if p in BUDGETED]
     assert [r.policy for r in again.sweep] == swept
     assert all(r.end_step == n for r in again.sweep)
     assert len(list((out / "schedules").glob("*.yaml"))) == len(opts.policies) + len(swept)

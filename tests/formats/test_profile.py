@@ -69,6 +69,11 @@ def _as_json_writes(p) -> str:
     for t in plain["gradients"]:
         if not t["loss_change"]:
             del t["loss_change"]
+    for st in plain["stages"]:
+        if not st["truncation_ms"]:
+            del st["truncation_ms"]
+        if st["all_grouped"] is None:
+            del st["all_grouped"]
     if plain["probe"] is None:
         del plain["probe"]
     return json.dumps(plain, indent=1, ensure_ascii=True, allow_nan=False) + "\n"

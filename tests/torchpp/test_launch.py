@@ -181,3 +181,37 @@ def test_the_ranks_cpu_counts_as_freezeopts_own() -> None:
     assert before is not None and after is not None
     assert sum(burnt) >= 2.0
     assert after[1] - before[1] >= sum(burnt)  # CPU seconds: holds however busy the host is
+
+
+def _refuse(why: str) -> None:
+    raise RuntimeError(why)
+
+
+class _Unloadable:
+    """Unpickling this raises: a rank given one dies before it can open its own log."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (_refuse, ("this object cannot be rebuilt in the rank",))
+
+
+def _never(ctx: launch.RankContext, payload: object) -> None:
+    raise AssertionError("unreachable: the rank cannot unpickle its target")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="ranks are forked from a fork server")
+def test_a_rank_that_dies_before_its_log_says_why() -> None:
+    import functools
+
+    with pytest.raises(FreezeoptError) as e:
+        launch.run_ranks(
+            _job(),
+            functools.partial(_never, payload=_Unloadable()),
+            total_units=1,
+            progress=False,
+            verb="starting",
+            outcome=lambda: "nothing was written",
+            log_prefix="t",
+        )
+    msg = str(e.value)
+    assert "\n" not in msg and "died" in msg
+    assert "before it opened its log: RuntimeError: this object cannot be rebuilt" in msg

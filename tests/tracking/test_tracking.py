@@ -16,7 +16,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from freezeopt.cli import app, optional_values
+from freezeopt.cli import app
+from freezeopt.entry import optional_values
 from freezeopt.formats.schedule import load_schedule
 from freezeopt.tracking.record import SUMMARY, frozen_share, read_run
 from tests.training.test_train import SMALL, small_job, write_schedule

@@ -405,3 +405,55 @@ def test_input_grad_is_not_needed_only_below_stages_frozen_whole() -> None:
         assert other.input_grad_needed(1, 0)
     with pytest.raises(MismatchError, match="all_grouped names 3 stages"):
         FreezeController(sched, stages=[1], all_grouped=(True, True, True))
+
+
+def _progressive(progression):
+    """A schedule that freezes nothing by its plan and grows a prefix by `progression`."""
+    from freezeopt.formats.schedule import Progression
+
+    sched = _with_frozen(_schedule(Phases(warmup_steps=0, full_update_every=0)), {})
+    return dataclasses.replace(sched, progression=Progression(**progression))
+
+
+def test_a_linear_progression_freezes_a_growing_prefix_of_whole_groups() -> None:
+    sched = _progressive({"kind": "linear", "start": 0.5, "level": 1.0, "total_steps": 8})
+    ctrl = FreezeController(sched, stages=[0, 1], all_grouped=(True, True))
+    grown = {}
+    for step in range(10):
+        events = ctrl.begin_step(step)
+        grown[step] = [e["frozen_groups"] for e in events if e["event"] == "progression"]
+        ctrl.end_step(loss=1.0, grad_norms={})
+    # 4 groups: none until half-way, then one more every step, all at step 8
+    assert grown == {0: [], 1: [], 2: [], 3: [], 4: [], 5: [1], 6: [2], 7: [3], 8: [4], 9: []}
+    ctrl = FreezeController(sched, stages=[0, 1], all_grouped=(True, True))
+    ctrl.begin_step(6)  # stage 0 frozen whole: every microbatch, grad None, stage 1 truncates
+    assert [ctrl.frozen_groups(0, m) for m in range(4)] == [frozenset({0, 1})] * 4
+    assert ctrl.frozen_groups(1, 0) == frozenset()
+    assert ctrl.grad_scales(0) == {0: None, 1: None} and ctrl.grad_scales(1) == {}
+    assert not any(ctrl.input_grad_needed(1, m) for m in range(4))
+    ctrl.begin_step(7)
+    assert ctrl.frozen_groups(1, 2) == frozenset({0}) and ctrl.frozen_plan(1)[3] == {0}
+    again = FreezeController(sched, stages=[0, 1])
+    again.load_state_dict(ctrl.state_dict())
+    assert again.frozen_groups(1, 2) == frozenset({0})
+
+
+def test_a_gradient_change_progression_freezes_the_groups_that_changed_least() -> None:
+    sched = _progressive({"kind": "gradient_change", "every": 2, "percentile": 0.5})
+    names = [f"{s}/{g}" for s, row in enumerate(sched.pipeline.groups) for g in row]
+    ctrl = FreezeController(sched, stages=[0, 1])
+    windows = [
+        [1.0, 1.0, 1.0, 1.0],
+        [1.0, 1.01, 2.0, 3.0],  # changes 0, 0.01, 1, 2: the median threshold is 0.01
+        [1.0, 1.01, 2.0, 3.0],  # no change for the two still trained: all but the last
+    ]
+    got = []
+    step = 0
+    for norms in windows:
+        for _ in range(2):
+            ctrl.begin_step(step)
+            d = ctrl.end_step(loss=1.0, grad_norms=dict(zip(names, norms, strict=True)))
+            got += [e["frozen_groups"] for e in d.events if e["event"] == "progression"]
+            step += 1
+    assert got == [2, 3]  # never the last group
+    assert ctrl.frozen_groups(1, 0) == frozenset({0})

@@ -67,6 +67,7 @@ def write_schedule(
     step_time_error: float = 1e6,
     ratios: dict[int, dict[str, dict[int, float]]] | None = None,
     realisation: dict[str, Any] | None = None,
+    progression: dict[str, Any] | None = None,
 ) -> Path:
     """A hand-made schedule file that fits `job` (prediction: 10 ms without freezing, 9 ms with),
     its groups' fingerprints those of the job's model (as `freezeopt profile` records them)."""
@@ -113,6 +114,8 @@ def write_schedule(
         "ratios": ratios or {},
         "realisation": realisation or {},
     }
+    if progression is not None:
+        data["progression"] = progression
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -800,3 +803,24 @@ def test_the_readme_loop_example_runs(tmp_path: Path) -> None:
     for name, w in r1["after"].items():  # frozen in every microbatch: never moved
         assert torch.equal(w, r1["initial"][name]) == name.startswith("a."), name
     assert all(not torch.equal(w, r0["initial"][n]) for n, w in r0["after"].items())
+
+
+def test_a_progression_freezes_a_growing_prefix_and_truncates_below_it(tmp_path: Path) -> None:
+    """Composer's linear rule in a real run: the prefix grows by a group a step from step 2 (4
+    groups over 8 steps from a quarter on), its groups get no gradient and stop moving, and the
+    stage after a stage frozen whole truncates its backward there (its own groups still learn)."""
+    job = small_job()
+    sched = write_schedule(
+        tmp_path / "s.yaml",
+        job,
+        {},
+        progression={"kind": "linear", "start": 0.25, "level": 1.0, "total_steps": 8},
+    )
+    out = tmp_path / "run"
+    train_job(job, TrainOptions(steps=8, out_dir=out, schedule=sched, progress=False))
+    grown = [(e["step"], e["frozen_groups"]) for e in events(out) if e["event"] == "progression"]
+    assert grown == [(4, 1), (5, 2), (7, 3)]  # floor(4·(t/8 − 1/4)/(3/4)): 1 at 4, 2 at 5, 3 at 7
+    norms = {m["step"]: set(m["grad_norms"]) for m in metrics(out) if "grad_norms" in m}
+    assert norms[2] == {"0/blocks.0", "0/blocks.1", "1/blocks.2", "1/blocks.3"}
+    assert norms[5] == {"1/blocks.2", "1/blocks.3"}  # stage 0 frozen whole: no gradient there
+    assert norms[7] == {"1/blocks.3"}
