@@ -141,8 +141,9 @@ def _at_time(run: Run, t: float) -> float | None:
     return None
 
 
-def _progressive_share(run: Run, dag: Any) -> float:
-    """Mean over the run's steps of the share of groups its progression had frozen whole."""
+def _progressive_share(run: Run, dag: Any, warmup: int) -> float:
+    """Mean over the run's steps after warm-up of the share of groups its progression had
+    frozen whole (as static plans' share counts the steps after warm-up)."""
     groups = sum(len(g) for g in dag.group_names)
     grown = []
     path = Path(run.out_dir) / "events.jsonl"
@@ -150,13 +151,13 @@ def _progressive_share(run: Run, dag: Any) -> float:
         e = json.loads(line)
         if e.get("event") == "progression":
             grown.append((int(e["step"]), int(e["frozen_groups"])))
-    steps = max(1, run.end_step)
-    total, prefix, at = 0.0, 0, 0
+    end = max(warmup + 1, run.end_step)
+    total, prefix, at = 0.0, 0, warmup
     for step, n in sorted(grown):
-        total += prefix * (step - at)
-        prefix, at = n, step
-    total += prefix * (steps - at)
-    return total / (steps * groups) if groups else 0.0
+        total += prefix * max(0, step - at)
+        prefix, at = n, max(at, step)
+    total += prefix * (end - at)
+    return total / ((end - warmup) * groups) if groups else 0.0
 
 
 def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
@@ -166,13 +167,20 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
     dag = build_dag(profile)
     measured_model = None
     if profile.probe is not None:
-        sig = estimate_signal(profile, "measured")
-        measured_model = FreezeProblem(dag, sig, SolveOptions(sensitivity="measured"))
+        try:
+            sig = estimate_signal(profile, "measured")
+            measured_model = FreezeProblem(dag, sig, SolveOptions(sensitivity="measured"))
+        except FreezeoptError as e:
+            print(f"[bench] {rep.job}: no measured model ({e})", file=sys.stderr)
     ref = {r.repeat: r for r in rep.runs if r.policy == "none"}
     policies: dict[str, Any] = {}
-    budget = rep.options.get("budget")
+    budget = float(rep.options.get("budget") or 0.0)
+    warmup = int(rep.options.get("warmup_steps") or 0)
     for res in rep.results:
-        runs = sorted((r for r in rep.runs if r.policy == res.policy), key=lambda r: r.repeat)
+        runs = sorted(
+            (r for r in rep.runs if r.policy == res.policy and r.repeat in ref),
+            key=lambda r: r.repeat,
+        )
         ttq: list[float | None] = []
         lost: list[float | None] = []
         same_time: list[float | None] = []
@@ -206,7 +214,7 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
             "val_loss_at_none_time": _stats(same_time)["median"],
             "val_loss_at_n": res.val_loss,
             "frozen_share": round(
-                statistics.median(_progressive_share(r, dag) for r in runs)
+                statistics.median(_progressive_share(r, dag, warmup) for r in runs)
                 if sched.progression is not None
                 else (sum(plan.values()) / slots if slots else 0.0),
                 4,

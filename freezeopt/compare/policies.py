@@ -23,7 +23,7 @@ plan and nothing else. All are built from one profile, at matched budgets where 
   groups still trained) join a frozen prefix, first group first, never the last; frozen whole,
   so the backward below them is truncated;
 * `composer`: Composer's LayerFreezing defaults as a `progression`: from half of the N steps on,
-  a prefix that grows linearly to every group at step N;
+  a prefix that grows linearly to every group but the last at step N;
 * `freezeopt-ttq`: the MILP with the `ttq` objective and the `measured` sensitivity (where the
   profile has the probe loss; `gns` otherwise): the plan with the least predicted time to quality
   under the budget as a cap, or nothing frozen where freezing does not pay.

@@ -71,8 +71,9 @@ class ScheduleProvenance:
     solver: str
     """`cbc` or `highs`."""
     status: str
-    """Solver outcome: `optimal`, `time_limit`, `heuristic`, `heuristic_fallback` (or `policy`
-    for `freezeopt compare`'s baselines)."""
+    """Solver outcome: `optimal`, `time_limit`, `heuristic`, `heuristic_fallback`, `no_gain`
+    (`ttq`: nothing frozen, freezing does not pay), or `policy` for `freezeopt compare`'s
+    baselines."""
     sensitivity: str
     """Sensitivity estimator (`gns`, `measured`, `gns-raw`, `norm`, `numel`, `flat`)."""
     budget: Share
@@ -156,14 +157,16 @@ class Progression:
     prefix), on top of `frozen` — the rules of progressive-freezing systems, for comparison:
 
     * `linear` (Composer's LayerFreezing): from `start` of `total_steps` on, the first
-      ⌊G·level·(f − start)/(1 − start)⌋ of the G groups are frozen at training fraction f;
+      ⌊G·level·(f − start)/(1 − start)⌋ of the G groups are frozen at training fraction f, at most
+      G − 1;
     * `gradient_change` (AutoFreeze's rule): every `every` freezing steps, each group's mean
       gradient norm over the window is compared with the window before; the prefix grows over
       the next groups while their relative change is at or below the `percentile`-th percentile
       of the changes of the groups still trained; the last group is never frozen.
 
-    A frozen prefix group is frozen in every microbatch (`grad = None`), and stages frozen whole
-    truncate the backward of the stage after them."""
+    A frozen prefix group is frozen in every microbatch of every later step, whatever the phase
+    (`grad = None`), the last group always trains, and stages frozen whole truncate the backward of
+    the stage after them."""
 
     __pydantic_config__ = _CONFIG
     kind: Literal["linear", "gradient_change"]

@@ -97,38 +97,41 @@ class PipelineDag:
 
     def truncated(self) -> dict[int, dict[int, Action]]:
         """Stage → microbatch → the action holding the stage's whole backward (`B`, or stage
-        0's `W` in split schedules), for the stages with truncation gains."""
+        0's `W` in split schedules), for the stages where truncation was measured."""
         out: dict[int, dict[int, Action]] = {}
         for a in self.order:
             row = self.truncation[a.stage] if a.stage < len(self.truncation) else ()
-            if a.has_weight_grad and any(v > 0 for v in row):
+            # the stage's whole backward: B, or stage 0's W (torch runs stage 0's in W there)
+            if row and (a.kind == "B" or (a.kind == "W" and a.stage == 0)):
                 out.setdefault(a.stage, {})[a.microbatch] = a
         return out
 
     def truncation_saving(self, frozen: Mapping[tuple[Action, int], float]) -> dict[Action, float]:
-        """Per truncated action, the time backward truncation saves under `frozen`: with y_0 = 1
-        where the stage's input gradient is not needed (stage 0, or the stage before passes and is
-        frozen whole in that microbatch), y_j = min(y_j−1, frozen extent of group j−1), the saving is
-        Σ_j truncation[s][j]·y_j (fractional plans: the LP's reading of it)."""
+        """Per truncated action, the time backward truncation saves under `frozen`, as the runtime
+        truncates: y_0 = 1 where the stage's input gradient is not needed (stage 0, or the stage
+        before passes and is frozen whole in that microbatch), y_j = y_j−1 where group j−1 is
+        frozen whole there (extent 1) and 0 otherwise; the saving is Σ_j truncation[s][j]·y_j.
+        A fractional extent (an `lp` plan's ratio, realised by a random draw) counts as not
+        frozen: the LP reads it as `min` (`freezeopt.solver.pulp_model`), a relaxation of this."""
         out: dict[Action, float] = {}
         if not self.has_truncation:
             return out
         acts = self.truncated()
         for m in range(self.n_microbatches):
-            whole = 1.0  # how far every stage before this one is frozen whole in microbatch m
+            whole = True  # every stage before this one frozen whole in microbatch m
             for s in range(self.n_stages):
                 a = acts.get(s, {}).get(m)
-                if a is None:
-                    whole = 0.0
-                    continue
-                y = whole
-                saved = self.truncation[s][0] * y
+                if a is None or not whole:
+                    break
+                saved = self.truncation[s][0]
                 for j in range(len(self.group_names[s])):
-                    y = min(y, frozen.get((a, j), 0.0))
-                    saved += self.truncation[s][j + 1] * y
+                    if frozen.get((a, j), 0.0) < 1.0 - 1e-9:
+                        whole = False
+                        break
+                    saved += self.truncation[s][j + 1]
                 if saved:
                     out[a] = saved
-                whole = y if self.passes[s] else 0.0
+                whole = whole and self.passes[s]
         return out
 
     def all_frozen(self) -> dict[tuple[Action, int], float]:

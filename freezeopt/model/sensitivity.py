@@ -39,13 +39,21 @@ The budget ε then reads "lose at most ε of one step's expected progress".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from freezeopt.errors import InputError
 from freezeopt.formats.profile import Profile
 
-__all__ = ["ESTIMATORS", "Estimator", "GroupSignal", "estimate_signal", "measured_branch"]
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "GroupSignal",
+    "estimate_signal",
+    "measured_branch",
+    "measured_check",
+]
 
 Estimator = Literal["gns", "measured", "gns-raw", "norm", "numel", "flat"]
 ESTIMATORS: tuple[Estimator, ...] = ("gns", "measured", "gns-raw", "norm", "numel", "flat")
@@ -167,43 +175,18 @@ def measured_branch(profile: Profile) -> tuple[float, float] | None:
     return br.frozen_share, 1.0 - kept
 
 
+_Row = list[tuple[float, tuple[float, ...], float, float]]
+"""Per group of a stage: (weight, curve over k, |G|², noise scale)."""
+
+
 def _measured(profile: Profile, m: int) -> tuple[tuple[GroupSignal, ...], ...]:
-    traces = {(t.stage, t.group): t for t in profile.gradients}
-    keys = [(st.stage, g.name) for st in profile.stages for g in st.groups]
-    missing = [k for k in keys if k not in traces or not traces[k].loss_change]
-    if profile.probe is None or missing:
-        stage, group = missing[0] if missing else keys[0]
-        raise InputError(
-            f"sensitivity 'measured' needs the probe loss, but the profile has none for stage "
-            f"{stage} group {group!r}; re-profile with this freezeopt (probe_batches > 0), or pass "
-            "--sensitivity gns"
-        )
-    if m < 2:
-        raise InputError(
-            "sensitivity 'measured' needs at least 2 microbatches per step; pass --sensitivity numel"
-        )
-    drop = {k: max(-sum(traces[k].loss_change), 0.0) for k in keys}
-    total = sum(drop.values())
-    b = float(profile.pipeline.microbatch_size)
-    rows: list[list[tuple[float, tuple[float, ...], float, float]]] = []
-    for st in profile.stages:
-        row = []
-        for g in st.groups:
-            k = (st.stage, g.name)
-            share = max(drop[k] / total if total > 0 else 1.0 / len(keys), _FLOOR)
-            g2, noise = _gns(traces[k].microbatch_sq_norms, traces[k].step_sq_norms, b, m)
-            row.append((share, _gns_curve(m, b, noise / g2), g2, noise / g2))
-        rows.append(row)
+    rows = _measured_rows(profile, m)
     # the branch runs may only make freezing dearer than the model says, never cheaper (one
     # short run early in training is noisy, and partial freezing costs more later)
     kappa = 1.0
-    point = measured_branch(profile)
-    if point is not None:
-        x, ell = point
-        kb = round(x * m)
-        predicted = sum(share * curve[kb] for row in rows for share, curve, _, _ in row)
-        if predicted > 0:
-            kappa = max(1.0, ell / predicted)
+    check = _branch_check(profile, rows, m)
+    if check is not None and check[0] > 0:
+        kappa = max(1.0, check[1] / check[0])
     return tuple(
         tuple(
             GroupSignal(
@@ -218,6 +201,60 @@ def _measured(profile: Profile, m: int) -> tuple[tuple[GroupSignal, ...], ...]:
         )
         for st, row in zip(profile.stages, rows, strict=True)
     )
+
+
+def _measured_rows(profile: Profile, m: int) -> list[_Row]:
+    """`measured`'s weights and curves, per stage (see the module docstring), before the
+    branch runs' check."""
+    traces = {(t.stage, t.group): t for t in profile.gradients}
+    keys = [(st.stage, g.name) for st in profile.stages for g in st.groups]
+    missing = [
+        k
+        for k in keys
+        if k not in traces or not traces[k].loss_change or not traces[k].step_sq_norms
+    ]
+    if profile.probe is None or missing:
+        stage, group = missing[0] if missing else keys[0]
+        raise InputError(
+            f"sensitivity 'measured' needs the probe loss, but the profile has none for stage "
+            f"{stage} group {group!r}; re-profile with this freezeopt (probe_batches > 0), or pass "
+            "--sensitivity gns"
+        )
+    if m < 2:
+        raise InputError(
+            "sensitivity 'measured' needs at least 2 microbatches per step; pass --sensitivity numel"
+        )
+    drop = {k: max(-sum(traces[k].loss_change), 0.0) for k in keys}
+    total = sum(drop.values())
+    b = float(profile.pipeline.microbatch_size)
+    rows: list[_Row] = []
+    for st in profile.stages:
+        row: _Row = []
+        for g in st.groups:
+            k = (st.stage, g.name)
+            share = max(drop[k] / total if total > 0 else 1.0 / len(keys), _FLOOR)
+            g2, noise = _gns(traces[k].microbatch_sq_norms, traces[k].step_sq_norms, b, m)
+            row.append((share, _gns_curve(m, b, noise / g2), g2, noise / g2))
+        rows.append(row)
+    return rows
+
+
+def _branch_check(profile: Profile, rows: Sequence[_Row], m: int) -> tuple[float, float] | None:
+    """(predicted, measured) share of progress the branch runs' frozen plan lost, or None."""
+    point = measured_branch(profile)
+    if point is None:
+        return None
+    x, ell = point
+    kb = round(x * m)
+    return sum(share * curve[kb] for row in rows for share, curve, _, _ in row), ell
+
+
+def measured_check(profile: Profile) -> tuple[float, float] | None:
+    """What the `measured` sensitivity's curves predict the branch runs' frozen plan loses (a
+    share of the full run's progress, before any scaling up) against what it lost: (predicted,
+    measured); None where the profile has no branch runs."""
+    m = profile.pipeline.n_microbatches
+    return _branch_check(profile, _measured_rows(profile, m), m)
 
 
 def _gns_curve(m: int, b: float, bnoise: float) -> tuple[float, ...]:

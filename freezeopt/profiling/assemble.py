@@ -12,6 +12,7 @@ describes every measurement.
 
 from __future__ import annotations
 
+import itertools
 import math
 import platform
 import statistics
@@ -22,6 +23,7 @@ from typing import Any
 
 from freezeopt import __version__
 from freezeopt.actions import Action
+from freezeopt.errors import InputError
 from freezeopt.formats.profile import (
     ActionCost,
     Branch,
@@ -37,11 +39,19 @@ from freezeopt.formats.profile import (
     Stat,
     TimelineEntry,
 )
-from freezeopt.profiling.loss_cost import branch_count
+from freezeopt.model.sensitivity import measured_check
+from freezeopt.profiling.loss_cost import branch_count, conservation
 from freezeopt.torchpp.job import Job, job_sha256
 from freezeopt.torchpp.pipeline import PipelinePlan
 
-__all__ = ["APF_ALPHA", "SELF_CHECK_TOLERANCE", "ProfileReport", "RankResult", "assemble"]
+__all__ = [
+    "APF_ALPHA",
+    "SELF_CHECK_TOLERANCE",
+    "ProfileReport",
+    "RankResult",
+    "assemble",
+    "loss_summary",
+]
 
 APF_ALPHA = 0.9
 """EMA factor of APF's effective perturbation."""
@@ -92,6 +102,9 @@ class ProfileReport:
     warnings: tuple[str, ...]
     wall_s: float
     """How long profiling took."""
+    loss_cost: dict[str, Any] | None = None
+    """What freezing costs in loss, as measured (`loss_summary`): the probe loss, how well the
+    groups' shares add up to its changes, and the branch runs against the curves' prediction."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready data (for `--json`)."""
@@ -165,6 +178,35 @@ def _probe(job: Job, last: RankResult) -> Probe | None:
         loss=tuple(float(v) for v in losses if v is not None),
         branch=branch,
     )
+
+
+def loss_summary(profile: Profile) -> dict[str, Any] | None:
+    """The measured loss cost, checked both ways (None without a probe): `conservation_r2`, how
+    much of the probe loss's per-step changes the groups' allocations explain (1: all); and the
+    branch runs' frozen plan, the share of the full run's progress it kept against what the
+    `measured` curves predicted (before they are scaled up to it)."""
+    probe = profile.probe
+    if probe is None:
+        return None
+    changes = [b - a for a, b in itertools.pairwise(probe.loss)]
+    allocated = [sum(t.loss_change[i] for t in profile.gradients) for i in range(len(changes))]
+    out: dict[str, Any] = {
+        "probe_loss": [probe.loss[0], probe.loss[-1]],
+        "steps": len(changes),
+        "conservation_r2": conservation(changes, allocated),
+    }
+    try:
+        check = measured_check(profile)
+    except InputError:  # a profile the measured sensitivity cannot read (one microbatch)
+        check = None
+    if probe.branch is not None and check is not None:
+        out["branch"] = {
+            "steps": probe.branch.steps,
+            "frozen_share": probe.branch.frozen_share,
+            "kept": 1.0 - check[1],
+            "kept_predicted": 1.0 - check[0],
+        }
+    return out
 
 
 def _pct(v: Sequence[float], q: float) -> float:
@@ -486,6 +528,7 @@ def assemble(
                     )
                 )
     report = ProfileReport(
+        loss_cost=loss_summary(profile),
         path=out,
         job=job.name,
         schedule=plan.label,

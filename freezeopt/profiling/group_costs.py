@@ -117,7 +117,9 @@ class CostMeter:
                         )
                         for j in range(len(groups) + 1)
                     ]
-                    trunc = [a - ts[0]] + [
+                    # entry 0 is the input gradient's work: none where no input needs one
+                    needs = any(getattr(t, "requires_grad", False) for t in graph[2])
+                    trunc = [a - ts[0] if needs else 0.0] + [
                         ts[j - 1] - ts[j] - loo[groups[j - 1][0]] for j in range(1, len(ts))
                     ]
                 if rnd >= WARMUP_ROUNDS:

@@ -177,6 +177,17 @@ def profile_job(
     return report
 
 
+def _to_cpu(x: Any) -> Any:
+    """A state dict's tensors copied to the CPU (nested dicts and lists kept)."""
+    if hasattr(x, "detach"):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
 def _one_rank_fault(text: str) -> Fault | None:
     """The rank fault `text` names (test-only; `freezeopt.torchpp.faults`), at most one."""
     faults = parse_faults(text, kinds=(*RANK_FAULTS, "nan_loss"), hint=PROFILE_FAULT_HINT)
@@ -226,6 +237,22 @@ def format_report(report: ProfileReport) -> str:
         lines.append(
             f"loss {report.loss[0]:.3f} → {report.loss[-1]:.3f} over the measured steps{val}"
         )
+    lc = report.loss_cost
+    if lc is not None:
+        r2 = lc["conservation_r2"]
+        lines.append(
+            f"loss cost: probe loss {lc['probe_loss'][0]:.3f} → {lc['probe_loss'][1]:.3f} over "
+            f"{lc['steps']} steps; the groups' shares explain its changes"
+            + (f" (R² {r2:.5f})" if r2 is not None else " (too few steps to say how well)")
+        )
+        br = lc.get("branch")
+        if br is not None:
+            lines.append(
+                f"  branch runs ({br['steps']} steps, every group frozen in "
+                f"{100 * br['frozen_share']:.0f} % of the microbatches): kept "
+                f"{100 * br['kept']:.1f} % of the progress, the curves predicted "
+                f"{100 * br['kept_predicted']:.1f} %"
+            )
     if report.order_ok:
         lines.append("action order: every rank ran exactly the schedule's order")
     else:
@@ -534,11 +561,7 @@ class _Runner:
             apf={k: tuple(v) for k, v in apf.items()},
             cost_rounds=cost_rounds,
             cost_modes={s: self._cost_mode(s) for s in self.my},
-            all_grouped={
-                s: {i for _, idx in self.group_idx[s] for i in idx}
-                == set(range(len(self.params[s])))
-                for s in self.my
-            },
+            all_grouped={s: self.rp.all_grouped[s] for s in self.my},
             pingpong=pingpong,
             act_shapes=shapes,
             data_provenance=dict(self.data.provenance) if self.rank == 0 else {},
@@ -734,9 +757,14 @@ class _Runner:
         import torch
 
         job = self.job
-        params = [p for st in self.my for p in self.params[st]]
-        saved = [p.detach().clone() for p in params]
-        saved_opt = copy.deepcopy(self.opt.state_dict())
+        # the state to come back to, on the CPU (a device copy would double the model's memory):
+        # weights and buffers, the optimizer's state, the random generator
+        saved = {
+            st: {k: v.detach().to("cpu", copy=True) for k, v in self.mods[st].state_dict().items()}
+            for st in self.my
+        }
+        saved_opt = copy.deepcopy(_to_cpu(self.opt.state_dict()))
+        rng = torch.get_rng_state()
         losses: list[float | None] = [self._probe_loss()]
         for frozen in (False, True):
             for i in range(job.branch_steps):
@@ -749,10 +777,10 @@ class _Runner:
                 self._plain_step(step, skip if frozen else None)
                 self.beat.tick()
             losses.append(self._probe_loss())
-            with torch.no_grad():
-                for p, v in zip(params, saved, strict=True):
-                    p.copy_(v)
+            for st in self.my:
+                self.mods[st].load_state_dict(saved[st])  # copies into the modules' own tensors
             self.opt.load_state_dict(copy.deepcopy(saved_opt))  # loading may alias its tensors
+            torch.set_rng_state(rng)
         if any(v is None or not math.isfinite(v) for v in losses):
             return None
         start, full, frozen_ = (float(v) for v in losses if v is not None)

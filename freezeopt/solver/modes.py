@@ -344,6 +344,13 @@ def _answer_without_lp(
                     f"freezeopt.solver.relax), above {bound_note}"
                 )
                 bound = r.bound
+    if problem.dag.has_truncation and bound > floor:
+        # the rank loads and the relaxation leave backward truncation out: their bounds are not
+        # bounds then; the all-frozen floor, truncation counted, is
+        bound, bound_note = (
+            floor,
+            f"the all-frozen floor ({floor:.1f} ms: with truncation the rank-load bound does not hold)",
+        )
     notes = [
         f"{failure}; answered without the LP: {how}"
         + (" (--fallback heuristic)" if problem.opts.mode != "heuristic" else ""),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from freezeopt.errors import LpUnsolved
 from freezeopt.model.dag import PipelineDag
 from freezeopt.solver.lp_arrays import LpCache
 from freezeopt.solver.modes import solve
@@ -45,22 +46,37 @@ def solve_ttq(
     cap = opts.budget
     each = opts.time_limit / (len(TTQ_FRACTIONS) + 1)
     tried: list[SolveResult] = []
+    failed: list[str] = []
     for f in TTQ_FRACTIONS if cap > 0 else ():
         o = replace(opts, objective="step", budget=cap * f, time_limit=each, write_model=None)
-        tried.append(solve(dag, signal, o, lp_cache=lp_cache))
+        try:
+            tried.append(solve(dag, signal, o, lp_cache=lp_cache))
+        except LpUnsolved as e:  # this budget's share of the time was too short: the others may do
+            failed.append(f"{cap * f:.3g} ({e})")
+    if failed and not tried:
+        raise LpUnsolved(
+            f"no budget could be solved in its share of --time-limit {opts.time_limit:g} s "
+            f"({opts.time_limit / (len(TTQ_FRACTIONS) + 1):.3g} s each): raise --time-limit, or "
+            "pass --mode heuristic"
+        )
     best = min(tried, key=ttq_ratio, default=None)
     seen = ", ".join(
-        f"{r.budget:.3g}: step x{r.predicted_ms / r.baseline_ms:.3f}, progress x{1 - r.signal_dropped:.3f}"
+        f"{r.budget:.3g}: step x{r.predicted_ms / r.baseline_ms if r.baseline_ms > 0 else 1:.3f}, "
+        f"progress x{r.progress_ratio:.3f}"
         for r in tried
     )
+    if failed:
+        seen += f"; not solved in time: {', '.join(failed)}"
+    if opts.write_model is not None:
+        seen += "; --write-model is not written with --objective ttq (solve at the chosen budget)"
     if best is not None and ttq_ratio(best) < 1.0 - TTQ_MARGIN:
         note = (
             f"time to quality: budget {best.budget:.3g} of the cap {cap:g} predicts "
             f"x{ttq_ratio(best):.3f} the time to the same loss (budgets tried: {seen})"
         )
         return replace(best, solve_seconds=time.perf_counter() - t0, notes=(*best.notes, note))
-    nothing = solve(
-        dag, signal, replace(opts, objective="step", budget=0.0, time_limit=each, write_model=None)
+    nothing = _nothing_frozen(
+        best if best is not None else tried[0] if tried else None, dag, signal, opts, each
     )
     why = (
         "no budget up to the cap was tried (the cap is 0)"
@@ -73,4 +89,24 @@ def solve_ttq(
         status="no_gain",
         solve_seconds=time.perf_counter() - t0,
         notes=(f"time to quality: freezing does not pay, so nothing is frozen: {why}",),
+    )
+
+
+def _nothing_frozen(
+    like: SolveResult | None, dag: PipelineDag, signal: Signal, opts: SolveOptions, seconds: float
+) -> SolveResult:
+    """The answer that freezes nothing (budget 0, so its bound is the step itself): `like`
+    emptied, or a budget-0 solve where nothing was solved."""
+    if like is None:
+        o = replace(opts, objective="step", budget=0.0, time_limit=seconds, write_model=None)
+        return solve(dag, signal, o)
+    return replace(
+        like,
+        frozen={},
+        predicted_ms=like.baseline_ms,
+        lp_bound_ms=like.baseline_ms,
+        gap=0.0,
+        signal_dropped=0.0,
+        budget=0.0,
+        bound_from_lp=True,
     )

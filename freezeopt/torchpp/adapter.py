@@ -469,7 +469,7 @@ def enable_freezing(
 
     current: dict[str, int] = {}
     grouped = {id(p) for g in groups for p in g}
-    always = [p for p in stage.submod.parameters() if id(p) not in grouped]
+    always = [p for p in stage.submod.parameters() if id(p) not in grouped and p.requires_grad]
     orig_b, orig_w = stage.backward_one_chunk, stage.backward_weight_one_chunk
     orig_dispatch = stage.backward_maybe_with_nosync
 

@@ -51,7 +51,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +176,9 @@ class _Trainer:
         from freezeopt.training.runtime import FreezeController
 
         self.beat.set_phase("setup")
-        rp = self.rp = build_rank_pipeline(self.job, self.plan, self.rank, self.device)
+        # a resume overwrites the weights with its checkpoint's: the `init` ones are not read
+        job = self.job if self.spec.resume_from is None else replace(self.job, init=None)
+        rp = self.rp = build_rank_pipeline(job, self.plan, self.rank, self.device)
         sched = self.spec.schedule
         self.ctrl: FreezeController | None = None
         if sched is not None:

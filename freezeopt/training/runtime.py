@@ -20,8 +20,9 @@ A schedule's `progression` (`freezeopt.formats.schedule.Progression`) adds freez
 over training on top of the plan: a prefix of whole groups in model order, frozen in every
 microbatch — Composer's linear rule (from the step, in `begin_step`) or AutoFreeze's
 gradient-change rule (from the all-reduced gradient norms every window, in `end_step`, so every
-rank decides the same); each growth is a `progression` event, the prefix is part of the state,
-and the step-time rule is off (the plan changes as it goes). `input_grad_needed` tells the runtime
+rank decides the same); each growth is a `progression` event, the prefix is part of the state and stays frozen in every
+phase (full-update windows and fallbacks included), the last group always trains, and the
+step-time rule is off (the plan changes as it goes). `input_grad_needed` tells the runtime
 where a stage may truncate its backward: below stages frozen whole in a microbatch.
 
 Phases follow the schedule file: full updates for `warmup_steps`, then freezing, interrupted by a
@@ -350,7 +351,7 @@ class FreezeController:
                 if f < prog.start or prog.start >= 1
                 else math.floor(g * prog.level * (f - prog.start) / (1 - prog.start) + 1e-9)
             )
-            events += self._grow(min(g, want), step)
+            events += self._grow(min(g - 1, want), step)  # the last group always trains
         return events
 
     def _grow(self, prefix: int, step: int, **why: Any) -> list[dict[str, Any]]:
@@ -409,31 +410,31 @@ class FreezeController:
     def frozen_groups(self, stage: int, microbatch: int) -> frozenset[int]:
         """Unit indices (groups, or tensors: see `unit`) whose weight gradients the backward of
         (stage, microbatch) skips."""
+        prefix = self._prefix_of(stage) if self._state.prefix else frozenset()
         if not self.freezing:
-            return frozenset()
-        planned = self._plan.get((stage, microbatch), frozenset())
-        return planned | self._prefix_of(stage) if self._state.prefix else planned
+            return prefix  # a progression's prefix stays frozen in every phase
+        return self._plan.get((stage, microbatch), frozenset()) | prefix
 
     def input_grad_needed(self, stage: int, microbatch: int) -> bool:
         """Whether the backward of (stage, microbatch) must compute its input's gradient: False
         only while freezing, where every stage before it is frozen whole in that microbatch (all
         groups listed, every parameter grouped: `all_grouped`), so nothing upstream uses it —
         `enable_freezing`'s backward truncation. Always True without `all_grouped`."""
-        if not self.freezing or self._all_grouped is None or stage == 0:
+        if self._all_grouped is None or stage == 0:
             return True
-        done = {s for s, _ in self._order[: self._state.prefix]}
         whole = {
             s
-            for s in done
+            for s in {s for s, _ in self._order[: self._state.prefix]}
             if self._all_grouped[s]
             and len(self._prefix_of(s)) == len(self.schedule.pipeline.groups[s])
         }
-        return not all((s, microbatch) in self._whole or s in whole for s in range(stage))
+        planned = self._whole if self.freezing else frozenset()
+        return not all((s, microbatch) in planned or s in whole for s in range(stage))
 
     def grad_scales(self, stage: int) -> dict[int, float | None]:
         """Per unit frozen in some microbatch this step: the gradient factor M/(M−k) (when
         rescaling), or None if frozen in all M (its gradient must stay None)."""
-        if not self.freezing:
+        if not self.freezing and not self._state.prefix:
             return {}
         m = self.n_microbatches
         counts: dict[int, int] = {}

@@ -114,6 +114,8 @@ _NOT_TRAINING = (  # job fields that do not change the training trajectory (a re
     "lag_samples",
     "val_batches",
     "gradient_traces",
+    "probe_batches",
+    "branch_steps",
     "hang_timeout_s",
     "timeout_s",
 )
@@ -217,7 +219,11 @@ def train_job(
     the job; RankFailedError when a rank crashes or hangs (the run can then continue with a
     resume)."""
     t_start = time.monotonic()
-    job = pin_init(open_job(job_path_or_spec, overrides))
+    job = open_job(job_path_or_spec, overrides)
+    # a resume continues from its own checkpoint: the weights it started from stay the ones its
+    # checkpoints record (the pretraining run may have moved on, or pruned them), and are not read
+    recorded = _recorded_init(Path(opts.out_dir)) if opts.checkpoints.resume else None
+    job = replace(job, init=recorded) if recorded and job.init else pin_init(job)
     if job.init is not None and Path(opts.out_dir).resolve() in Path(job.init).parents:
         raise InputError(
             f"init names a checkpoint of this run's own folder {opts.out_dir}; train into another "
@@ -232,7 +238,9 @@ def train_job(
             full_update_every=opts.phases.full_update_every,
         )
     plan = plan_pipeline(job)
-    model = preflight_model(job, plan, in_torchrun=in_torchrun())
+    model = preflight_model(
+        replace(job, init=None) if recorded else job, plan, in_torchrun=in_torchrun()
+    )
     warnings: list[str] = []
     if schedule is not None:
         check_schedule_fits(
@@ -515,6 +523,14 @@ def _resumable(root: Path) -> str:
     if ckpt.latest_checkpoint(root) is not None:
         return "the run can continue from its last checkpoint with --resume"
     return "it had written no checkpoint yet, so run it again without --resume"
+
+
+def _recorded_init(out: Path) -> str | None:
+    """The `init` checkpoint the newest checkpoint of the run in `out` records, if any."""
+    newest = ckpt.latest_checkpoint(out / "checkpoints")
+    job = newest.meta.get("job") if newest is not None else None
+    init = job.get("init") if isinstance(job, dict) else None
+    return init if isinstance(init, str) else None
 
 
 def _earlier_run(out: Path) -> list[str]:

@@ -54,6 +54,9 @@ def test_the_dag_saves_what_the_frozen_prefix_skips() -> None:
     assert d[_b(1, 2)] == pytest.approx(base[_b(1, 2)] - 2.0)
     d = dag.durations({**whole, (_b(1, 2), 0): 1.0})
     assert d[_b(1, 2)] == pytest.approx(base[_b(1, 2)] - c[1][0] - 2.0 - 3.0)
+    # a fractional extent (an lp plan's ratio, drawn at random) is not frozen whole: no truncation
+    d = dag.durations({(_b(0, 1), 0): 0.5})
+    assert d[_b(0, 1)] == pytest.approx(base[_b(0, 1)] - 0.5 * c[0][0])
     # a stage with parameters outside its groups passes nothing on
     d = build_dag(_truncated(p, gains, all_grouped=False)).durations(whole)
     assert d[_b(1, 2)] == pytest.approx(base[_b(1, 2)])
@@ -78,3 +81,18 @@ def test_the_solver_exploits_truncation_and_its_bound_holds(mode: str) -> None:
     assert with_t.predicted_ms < without.predicted_ms - 1e-6  # it used the cheaper prefix
     assert with_t.lp_bound_ms <= with_t.predicted_ms + 1e-6
     assert with_t.all_frozen_ms < without.all_frozen_ms  # the floor counts truncation too
+
+
+def test_split_backwards_are_not_truncated_but_stage_0s_w_is() -> None:
+    """In split schedules only stage 0's W runs a whole backward (the runtime truncates only
+    whole backwards): the other stages' I/W actions get no truncation saving."""
+    p = make_profile(schedule="ZBVZeroBubble", ranks=2, microbatches=4, groups=2)
+    gains = {s: (0.1, 0.2, 0.3) for s in range(4)}
+    dag = build_dag(_truncated(p, gains))
+    acts = dag.truncated()
+    assert acts and all(
+        a.kind == "B" or (a.kind == "W" and a.stage == 0)
+        for row in acts.values()
+        for a in row.values()
+    )
+    assert set(acts) == {0}  # ZBV: stage 0's backward is its W; the other stages split theirs

@@ -12,7 +12,7 @@ from freezeopt.formats.profile import load_profile
 from freezeopt.model.dag import build_dag
 from freezeopt.model.sensitivity import estimate_signal
 from freezeopt.profiling.loss_cost import branch_count, branch_frozen, conservation
-from freezeopt.profiling.run import profile_job
+from freezeopt.profiling.run import format_report, profile_job
 from freezeopt.solver import SolveOptions, solve_ttq
 from tests.profiling.test_run import small_job
 
@@ -26,8 +26,15 @@ pytestmark = pytest.mark.slow
 )
 def test_the_groups_shares_add_up_to_the_probe_losss_change(tmp_path: Path, shape: dict) -> None:
     job = small_job(measure_steps=4, branch_steps=3, **shape)
-    profile_job(job, out=tmp_path / "p.json", progress=False)
+    rep = profile_job(job, out=tmp_path / "p.json", progress=False)
     p = load_profile(tmp_path / "p.json")
+    # the report checks the measurement both ways, and says so
+    lc = rep.loss_cost
+    assert lc is not None and lc["steps"] == job.measure_steps
+    assert lc["conservation_r2"] is None or lc["conservation_r2"] > 0.95
+    assert 0 < lc["branch"]["kept_predicted"] <= 1 and lc["branch"]["frozen_share"] == 0.25
+    text = format_report(rep)
+    assert "loss cost: probe loss" in text and "branch runs (3 steps" in text
     assert p.probe is not None and p.probe.batches == job.probe_batches
     assert len(p.probe.loss) == job.measure_steps + 1
     changes = [b - a for a, b in zip(p.probe.loss, p.probe.loss[1:], strict=False)]

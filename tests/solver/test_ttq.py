@@ -58,6 +58,7 @@ def test_nothing_is_frozen_where_freezing_does_not_pay() -> None:
     r = solve_ttq(dag, signal, opts)
     assert r.status == "no_gain" and not r.frozen
     assert r.predicted_ms == pytest.approx(r.baseline_ms) and r.signal_dropped == 0
+    assert r.lp_bound_ms == r.baseline_ms and r.gap == 0 and r.budget == 0  # budget 0: no room
     assert len(r.notes) == 1 and "does not pay" in r.notes[0] and "budgets tried" in r.notes[0]
 
 

@@ -18,7 +18,7 @@ from freezeopt.torchpp import checkpoint as ckpt
 from freezeopt.torchpp.job import Job, load_job, replace_job, resolve_model
 from freezeopt.torchpp.pipeline import plan_pipeline, preflight
 from freezeopt.torchpp.weights import load_init, pin_init
-from freezeopt.training.options import TrainOptions
+from freezeopt.training.options import CheckpointOptions, TrainOptions
 from freezeopt.training.train import train_job
 from tests.training.test_train import small_job
 
@@ -131,3 +131,26 @@ def test_init_paths_in_a_job_file(tmp_path: Path) -> None:
     assert load_job(spec).init == str(Path.home() / "x")
     with pytest.raises(InputError):
         replace_job(small_job(), init="")
+
+
+def test_a_resumed_fine_tuning_keeps_the_checkpoint_it_started_from(
+    pretrained: Path, tmp_path: Path
+) -> None:
+    """The pretraining run moves on (a newer checkpoint) after the fine-tuning run started: its
+    resume still matches and continues, from its own checkpoint, not the newer weights."""
+    pre = tmp_path / "pre"
+    shutil.copytree(pretrained, pre)
+    out = tmp_path / "ft"
+    train_job(small_job(init=str(pre)), TrainOptions(steps=2, out_dir=out, progress=False))
+    started = ckpt.latest_checkpoint(pre / "checkpoints")
+    assert started is not None
+    shutil.copytree(started.path, started.path.parent / "step-00000009")  # the run went on
+    rep = train_job(
+        small_job(init=str(pre)),
+        TrainOptions(
+            steps=4, out_dir=out, progress=False, checkpoints=CheckpointOptions(resume=True)
+        ),
+    )
+    assert rep.start_step == 2
+    meta = ckpt.latest_checkpoint(out / "checkpoints")
+    assert meta is not None and meta.meta["job"]["init"] == str(started.path.resolve())

@@ -423,8 +423,8 @@ def test_a_linear_progression_freezes_a_growing_prefix_of_whole_groups() -> None
         events = ctrl.begin_step(step)
         grown[step] = [e["frozen_groups"] for e in events if e["event"] == "progression"]
         ctrl.end_step(loss=1.0, grad_norms={})
-    # 4 groups: none until half-way, then one more every step, all at step 8
-    assert grown == {0: [], 1: [], 2: [], 3: [], 4: [], 5: [1], 6: [2], 7: [3], 8: [4], 9: []}
+    # 4 groups: none until half-way, then one more every step; the last group always trains
+    assert grown == {0: [], 1: [], 2: [], 3: [], 4: [], 5: [1], 6: [2], 7: [3], 8: [], 9: []}
     ctrl = FreezeController(sched, stages=[0, 1], all_grouped=(True, True))
     ctrl.begin_step(6)  # stage 0 frozen whole: every microbatch, grad None, stage 1 truncates
     assert [ctrl.frozen_groups(0, m) for m in range(4)] == [frozenset({0, 1})] * 4
@@ -436,6 +436,13 @@ def test_a_linear_progression_freezes_a_growing_prefix_of_whole_groups() -> None
     again = FreezeController(sched, stages=[0, 1])
     again.load_state_dict(ctrl.state_dict())
     assert again.frozen_groups(1, 2) == frozenset({0})
+    # a full-update phase keeps the prefix frozen: it is frozen for good
+    windows = dataclasses.replace(sched, phases=Phases(warmup_steps=0, full_update_every=2))
+    ctrl = FreezeController(windows, stages=[0, 1], all_grouped=(True, True))
+    for step in range(7):
+        ctrl.begin_step(step)
+    assert ctrl.phase == "full_window" and ctrl.frozen_groups(0, 1) == frozenset({0, 1})
+    assert ctrl.grad_scales(0) == {0: None, 1: None} and not ctrl.input_grad_needed(1, 1)
 
 
 def test_a_gradient_change_progression_freezes_the_groups_that_changed_least() -> None:
