@@ -236,12 +236,18 @@ def build_dag(profile: Profile) -> PipelineDag:
                 f"stage {s}: group weight-gradient costs sum to {total:.4g} ms, more than action {low} takes "
                 f"({cost[low]:.4g} ms); re-measure the profile"
             )
+        # truncation saves in the stage's whole backwards (B, or stage 0's W): they must hold it
+        whole = [
+            a for a in rank_of if a.stage == s and (a.kind == "B" or (a.kind == "W" and s == 0))
+        ]
         cut = total + sum(truncation[s])
-        if truncation[s] and low is not None and cut > cost[low] * (1 + _COST_TOLERANCE) + 1e-9:
-            raise InputError(
-                f"stage {s}: group costs and truncation gains sum to {cut:.4g} ms, more than action "
-                f"{low} takes ({cost[low]:.4g} ms); re-measure the profile"
-            )
+        if truncation[s] and whole:
+            least = min(whole, key=lambda a: cost[a])
+            if cut > cost[least] * (1 + _COST_TOLERANCE) + 1e-9:
+                raise InputError(
+                    f"stage {s}: group costs and truncation gains sum to {cut:.4g} ms, more than "
+                    f"action {least} takes ({cost[least]:.4g} ms); re-measure the profile"
+                )
 
     lag: dict[tuple[int, int, str], float] = {
         (lg.src_stage, lg.dst_stage, lg.kind): lg.ms.median for lg in profile.lags

@@ -375,8 +375,9 @@ def assemble(
         n_trunc = len(names) + 1
         truncation: tuple[Stat, ...] = ()
         if all(f"truncation.{j}" in rounds[s] for j in range(n_trunc)):
-            gains = [
-                max(0.0, statistics.median(rounds[s][f"truncation.{j}"])) for j in range(n_trunc)
+            gains = [  # as `_stat` takes them: each sample clipped at 0, then the median
+                statistics.median(max(0.0, x) for x in rounds[s][f"truncation.{j}"])
+                for j in range(n_trunc)
             ]
             # what truncation saves fits in the action too, beside the (scaled) group costs
             room = max(0.0, fit - total * scale) if fit > 0 else 0.0
