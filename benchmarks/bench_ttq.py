@@ -14,7 +14,9 @@ and data order for every policy; `none` first in every repeat, the others rotate
   share ρ of each step's progress needs 1/ρ the steps), median; predicted: what the plan's own
   model said (`signal dropped`), and what the `measured` sensitivity of the compare's profile
   says of the same plan;
-* the validation loss at equal wall-clock (at `none`'s training time to step N, interpolated);
+* the validation loss at equal wall-clock against `none`'s: at the shorter of the two runs'
+  training times (a policy that reached the target stopped there), both interpolated, the
+  policy's minus `none`'s (below 0: lower), median over repeats;
 * the share of (group, microbatch) slots the plan freezes after warm-up (static plans), or, for the
   progressive policies (`autofreeze`, `composer`), over the run: the mean over steps of the frozen
   prefix's share of the groups, from the run's `progression` events.
@@ -194,8 +196,11 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
             ttq.append(t)
             tau = r.step_ms / own.step_ms
             lost.append(None if t is None else 1.0 - tau / t)
-            end = own.curve[-1][0]
-            same_time.append(_at_time(r, end))
+            # equal wall-clock: the shorter of the two runs' training times (a policy that reached
+            # the target stops there); the policy's validation loss minus none's, both interpolated
+            end = min(own.curve[-1][0], r.curve[-1][0])
+            mine, theirs = _at_time(r, end), _at_time(own, end)
+            same_time.append(None if mine is None or theirs is None else mine - theirs)
         sched = load_schedule(folder / "schedules" / f"{res.policy}-b{budget:g}.yaml")
         plan = schedule_plan(sched, dag)
         slots = sum(len(dag.group_names[a.stage]) for a in dag.order if a.has_weight_grad)
@@ -211,7 +216,7 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
             "progress_lost_measured": None
             if any(x is None for x in lost)
             else round(statistics.median(x for x in lost if x is not None), 4),
-            "val_loss_at_none_time": _stats(same_time)["median"],
+            "val_loss_vs_none_at_equal_time": _stats(same_time)["median"],
             "val_loss_at_n": res.val_loss,
             "frozen_share": round(
                 statistics.median(_progressive_share(r, dag, warmup) for r in runs)
@@ -305,7 +310,7 @@ def markdown(
             f"Target: `none`'s validation loss at step {d['steps']}, median {d['target_val_loss']:.4f}. "
             f"Budget {d['budget']:g} (a cap for `freezeopt-ttq`).",
             "",
-            "| policy | ttq median (min–max) | reached | step × none | progress lost: measured | predicted (own) | predicted (measured model) | val loss at none's time | frozen share |",
+            "| policy | ttq median (min–max) | reached | step × none | progress lost: measured | predicted (own) | predicted (measured model) | val loss − none's at equal time | frozen share |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for pol, p in d["policies"].items():
@@ -315,7 +320,7 @@ def markdown(
                 f"| {pol} | {rng} | {p['reached']}/{p['repeats']} | {_fmt(p['step_ratio']['median'])} | "
                 f"{_fmt(p['progress_lost_measured'], '.1%')} | {_fmt(p['progress_lost_predicted'], '.1%')} | "
                 f"{_fmt(p['progress_lost_predicted_measured_model'], '.1%')} | "
-                f"{_fmt(p['val_loss_at_none_time'], '.4f')} | {p['frozen_share']:.1%} |"
+                f"{_fmt(p['val_loss_vs_none_at_equal_time'], '+.4f')} | {p['frozen_share']:.1%} |"
             )
         lines.append("")
         if figures.get(name):

@@ -23,11 +23,14 @@ of that group's progress lost at k):
 * `measured` — from the profile's probe loss (`freezeopt.profiling.loss_cost`): weight = the
   group's share of the probe loss's measured drop over the measured steps (its loss-change
   allocation, summed; a group that raised the loss gets the floor weight), which is what freezing
-  it in every microbatch loses; curve = `gns`'s, from the group's noise scale. The branch runs
-  (every group frozen in a share x of the microbatches kept 1 − ℓ of the progress) check it: where
-  ℓ exceeds what the curves predict for that plan, every curve is scaled up by their ratio κ; it
-  is never scaled down (one short branch early in a run is noisy, and partial freezing costs more
-  later in a run, as the noise scale grows).
+  it in every microbatch loses; curve = linear, k/M. Why not `gns`'s: the noise scale grows as
+  training goes on (McCandlish et al.), and a profile measures it in a run's first steps, where it
+  is smallest and dropping microbatches looks free; linear is the curve's limit once the noise
+  dominates, which is where a run spends most of its steps. (Measured: on the built-in job from
+  scratch a plan chosen on `gns`-shaped curves froze 61 % of the weight-gradient work and never
+  reached the no-freeze loss; benchmarks/TTQ.md.) The branch runs (every group frozen in a share x
+  of the microbatches kept 1 − ℓ of the progress) check it: where ℓ exceeds what the curves
+  predict for that plan, every curve is scaled up by their ratio κ; never down.
 * `gns-raw` — the same curve, weighted by |G|²·Mb/(Mb + B): McCandlish's progress for plain SGD.
 * `norm` — linear curve, weighted by the group's share of the step gradient's squared norm.
 * `numel` — linear curve, weighted by the parameter count.
@@ -234,7 +237,7 @@ def _measured_rows(profile: Profile, m: int) -> list[_Row]:
             k = (st.stage, g.name)
             share = max(drop[k] / total if total > 0 else 1.0 / len(keys), _FLOOR)
             g2, noise = _gns(traces[k].microbatch_sq_norms, traces[k].step_sq_norms, b, m)
-            row.append((share, _gns_curve(m, b, noise / g2), g2, noise / g2))
+            row.append((share, tuple(k / m for k in range(m + 1)), g2, noise / g2))
         rows.append(row)
     return rows
 
