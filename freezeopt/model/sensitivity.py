@@ -28,7 +28,7 @@ of that group's progress lost at k):
   is smallest and dropping microbatches looks free; linear is the curve's limit once the noise
   dominates, which is where a run spends most of its steps. (Measured: on the built-in job from
   scratch a plan chosen on `gns`-shaped curves froze 61 % of the weight-gradient work and never
-  reached the no-freeze loss; benchmarks/TTQ.md.) The branch runs (every group frozen in a share x
+  reached the no-freeze loss; benchmarks/TTQ-gns-curve.md.) The branch runs (every group frozen in a share x
   of the microbatches kept 1 − ℓ of the progress) check it: where ℓ exceeds what the curves
   predict for that plan, every curve is scaled up by their ratio κ; never down.
 * `gns-raw` — the same curve, weighted by |G|²·Mb/(Mb + B): McCandlish's progress for plain SGD.
