@@ -414,16 +414,15 @@ def split_backward(
 
 def wrapped_by(module: Any) -> str | None:
     """The data-parallel wrapper on `module` or one of its submodules — FSDP2 (`fully_shard`),
-    FSDP or DDP — or None. Under them the restricted backward is not exact (FSDP2 reduces a
-    whole stage's gradients at once: freezing one group left every gradient None, or halved the
-    others'), so freezing refuses such a stage."""
+    FSDP or DDP — or None. `enable_freezing` handles FSDP2 exactly (`_graph_params`) and refuses
+    the other two; freezeopt's own jobs take unwrapped stages only."""
     import torch
 
     kinds: list[tuple[type, str]] = [(torch.nn.parallel.DistributedDataParallel, "DDP")]
     try:
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-        kinds += [(FSDPModule, "FSDP2 (fully_shard)"), (FullyShardedDataParallel, "FSDP")]
+        kinds += [(FSDPModule, FSDP2), (FullyShardedDataParallel, "FSDP")]
     except ImportError:  # a torch built without distributed
         pass
     for m in module.modules():
@@ -431,6 +430,46 @@ def wrapped_by(module: Any) -> str | None:
             if isinstance(m, cls):
                 return name
     return None
+
+
+FSDP2 = "FSDP2 (fully_shard)"
+
+
+def _graph_params(module: Any) -> Callable[[Any], Any]:
+    """A map from a parameter of `module`, as registered or as FSDP2 swaps it in, to the tensor
+    autograd accumulates into during a backward.
+
+    FSDP2 (`fully_shard`) registers sharded DTensor parameters; forward runs on an unsharded copy
+    of each (a persistent `nn.Parameter` it all-gathers into), and the backward's gradients land
+    there before FSDP2 reduce-scatters them into the sharded parameters' `.grad`. A backward
+    restricted to some parameters must therefore name the unsharded copies. Without FSDP2 every
+    parameter maps to itself.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+    except ImportError:  # a torch built without distributed
+        return lambda p: p
+    by_id: dict[int, Any] = {}
+    for m in module.modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        for group in fully_shard.state(m)._fsdp_param_groups:  # type: ignore[attr-defined]
+            for fp in group.fsdp_params:
+                by_id[id(fp.sharded_param)] = fp
+                if hasattr(fp, "_unsharded_param"):
+                    by_id[id(fp._unsharded_param)] = fp
+    if not by_id:
+        return lambda p: p
+
+    def resolve(p: Any) -> Any:
+        fp = by_id.get(id(p))
+        if fp is None:
+            return p
+        if not hasattr(fp, "_unsharded_param"):  # not all-gathered yet: no forward ran
+            fp.init_unsharded_param()
+        return fp._unsharded_param
+
+    return resolve
 
 
 def enable_freezing(
@@ -446,8 +485,11 @@ def enable_freezing(
     `input_grad` (e.g. `FreezeController.input_grad_needed`) returning False for a microbatch,
     a stage whose backward runs whole (`B`, or stage 0's `W`) truncates it: no gradient for its
     input (the stage before is frozen whole there; it is sent zeros, as torch must send a tensor),
-    so autograd stops below the first group still trained. A stage
-    whose module is wrapped by FSDP2, FSDP or DDP is refused (`wrapped_by`). When `frozen` is a
+    so autograd stops below the first group still trained. Under FSDP2 (`fully_shard`, any
+    shard degree) `groups` hold the module's registered (sharded) parameters; the restricted
+    backward names their unsharded copies, so trainable groups get exactly the unfrozen run's
+    gradients once FSDP2 reduces them and frozen ones none. A stage wrapped by FSDP (version 1)
+    or DDP is refused (`wrapped_by`). When `frozen` is a
     `FreezeController`'s `frozen_groups`, the controller first holds `groups` to its schedule
     (`FreezeController.check_groups`: the groups' fingerprints, so a schedule solved for another
     model is refused with a MismatchError).
@@ -456,11 +498,11 @@ def enable_freezing(
     from torch.distributed.pipelining._backward import stage_backward_input
 
     wrapper = wrapped_by(stage.submod)
-    if wrapper is not None:
+    if wrapper is not None and wrapper != FSDP2:
         raise InputError(
             f"stage {stage.stage_index}'s module is wrapped by {wrapper}: freezing cannot skip "
-            "weight gradients exactly there yet (the wrapper reduces the stage's gradients "
-            "itself); freeze only unwrapped stages"
+            "weight gradients exactly there (the wrapper reduces the stage's gradients in hooks "
+            "of its own); wrap it with FSDP2 (fully_shard) instead, or leave it unwrapped"
         )
     # the controller's own check, looked up by name: this layer does not import training's
     check = getattr(getattr(frozen, "__self__", None), "check_groups", None)
@@ -468,8 +510,11 @@ def enable_freezing(
         check(stage.stage_index, groups)
 
     current: dict[str, int] = {}
-    grouped = {id(p) for g in groups for p in g}
-    always = [p for p in stage.submod.parameters() if id(p) not in grouped and p.requires_grad]
+    sharded = False  # torch's dispatch sets FSDP2's flags only on a stage module sharded whole
+    if wrapper == FSDP2:
+        from torch.distributed.fsdp import FSDPModule
+
+        sharded = isinstance(stage.submod, FSDPModule)
     orig_b, orig_w = stage.backward_one_chunk, stage.backward_weight_one_chunk
     orig_dispatch = stage.backward_maybe_with_nosync
 
@@ -496,7 +541,21 @@ def enable_freezing(
         )
         if not off and not cut:
             return orig_dispatch(backward_type, bwd_kwargs, last_backward=last_backward)
-        active = always + [p for i, g in enumerate(groups) if i not in off for p in g]
+        graph = _graph_params(stage.submod)
+        if sharded:
+            # as torch's own dispatch does: accumulate unsharded, reduce once after the last
+            # backward (`perform_reduce_grad`); left at their defaults, FSDP2 would reduce-scatter
+            # and reshard after this microbatch alone
+            stage.submod.set_is_last_backward(False)
+            stage.submod.set_reshard_after_backward(False)
+            stage.submod.set_requires_gradient_sync(False)
+        grouped = {id(graph(p)) for g in groups for p in g}
+        always = [
+            t
+            for t in (graph(p) for p in stage.submod.parameters() if p.requires_grad)
+            if id(t) not in grouped
+        ]
+        active = always + [graph(p) for i, g in enumerate(groups) if i not in off for p in g]
         if backward_type == "input":
             return stage_backward_input(
                 bwd_kwargs["stage_output"],
