@@ -43,6 +43,8 @@ __all__ = [
     "scale_group_grads",
     "schedule_actions",
     "schedule_composites",
+    "schedule_microbatches",
+    "schedule_stages",
     "torch_version",
     "wrapped_by",
 ]
@@ -410,6 +412,20 @@ def split_backward(
 #   of a microbatch's W is thereby the one its I saw;
 # * "weight" (W): torch's own path, over those restricted groups.
 # DDP/FSDP-wrapped stage modules are not supported (their no_sync/reshard hooks are bypassed).
+
+
+def schedule_stages(schedule: Any) -> list[Any]:
+    """The `PipelineStage`s a built torch schedule runs on this rank, in its order (a schedule
+    built by someone else, e.g. torchtitan's trainer)."""
+    stages = getattr(schedule, "_stages", None)
+    if stages is None:
+        stages = [schedule._stage]
+    return list(stages)
+
+
+def schedule_microbatches(schedule: Any) -> int:
+    """The number of microbatches a built torch schedule splits each step into."""
+    return int(schedule._n_microbatches)
 
 
 def wrapped_by(module: Any) -> str | None:
