@@ -451,9 +451,40 @@ def wrapped_by(module: Any) -> str | None:
 FSDP2 = "FSDP2 (fully_shard)"
 
 
+def _fsdp_index(module: Any) -> dict[int, Any]:
+    """Every form of each FSDP2 parameter in `module` — the registered sharded parameter, the
+    unsharded copy forward and backward run on, the sharded copy kept after forward — by `id`, to
+    its `FSDPParam`; empty without FSDP2."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+    except ImportError:  # a torch built without distributed
+        return {}
+    out: dict[int, Any] = {}
+    for m in module.modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        state = fully_shard.state(m)  # type: ignore[attr-defined]
+        if state is None:  # torch's replicate(), an FSDPModule of another kind
+            raise InputError(
+                f"{type(m).__name__} is wrapped by torch's replicate(): freezing cannot skip "
+                "weight gradients exactly there; shard it with fully_shard instead"
+            )
+        for group in state._fsdp_param_groups:
+            for fp in group.fsdp_params:
+                for t in (
+                    fp.sharded_param,
+                    getattr(fp, "_unsharded_param", None),
+                    getattr(fp, "_sharded_post_forward_param", None),
+                ):
+                    if t is not None:
+                        out[id(t)] = fp
+    return out
+
+
 def _graph_params(module: Any) -> Callable[[Any], Any]:
-    """A map from a parameter of `module`, as registered or as FSDP2 swaps it in, to the tensor
-    autograd accumulates into during a backward.
+    """A map from a parameter of `module`, in any of the forms FSDP2 gives it, to the tensor
+    autograd accumulates into during a backward — or None for an FSDP2 parameter never
+    all-gathered (in no graph yet).
 
     FSDP2 (`fully_shard`) registers sharded DTensor parameters; forward runs on an unsharded copy
     of each (a persistent `nn.Parameter` it all-gathers into), and the backward's gradients land
@@ -461,29 +492,13 @@ def _graph_params(module: Any) -> Callable[[Any], Any]:
     restricted to some parameters must therefore name the unsharded copies. Without FSDP2 every
     parameter maps to itself.
     """
-    try:
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-    except ImportError:  # a torch built without distributed
-        return lambda p: p
-    by_id: dict[int, Any] = {}
-    for m in module.modules():
-        if not isinstance(m, FSDPModule):
-            continue
-        for group in fully_shard.state(m)._fsdp_param_groups:  # type: ignore[attr-defined]
-            for fp in group.fsdp_params:
-                by_id[id(fp.sharded_param)] = fp
-                if hasattr(fp, "_unsharded_param"):
-                    by_id[id(fp._unsharded_param)] = fp
-    if not by_id:
+    index = _fsdp_index(module)
+    if not index:
         return lambda p: p
 
     def resolve(p: Any) -> Any:
-        fp = by_id.get(id(p))
-        if fp is None:
-            return p
-        if not hasattr(fp, "_unsharded_param"):  # not all-gathered yet: no forward ran
-            fp.init_unsharded_param()
-        return fp._unsharded_param
+        fp = index.get(id(p))
+        return p if fp is None else getattr(fp, "_unsharded_param", None)
 
     return resolve
 
@@ -526,6 +541,14 @@ def enable_freezing(
         check(stage.stage_index, groups)
 
     current: dict[str, int] = {}
+    index = _fsdp_index(stage.submod)  # one FSDP2 parameter, whatever form it has now: one key
+
+    def key(p: Any) -> int:
+        fp = index.get(id(p))
+        return id(p) if fp is None else id(fp)
+
+    grouped = {key(p) for g in groups for p in g}
+    always = [p for p in stage.submod.parameters() if p.requires_grad and key(p) not in grouped]
     sharded = False  # torch's dispatch sets FSDP2's flags only on a stage module sharded whole
     if wrapper == FSDP2:
         from torch.distributed.fsdp import FSDPModule
@@ -565,13 +588,8 @@ def enable_freezing(
             stage.submod.set_is_last_backward(False)
             stage.submod.set_reshard_after_backward(False)
             stage.submod.set_requires_gradient_sync(False)
-        grouped = {id(graph(p)) for g in groups for p in g}
-        always = [
-            t
-            for t in (graph(p) for p in stage.submod.parameters() if p.requires_grad)
-            if id(t) not in grouped
-        ]
-        active = always + [graph(p) for i, g in enumerate(groups) if i not in off for p in g]
+        trained = always + [p for i, g in enumerate(groups) if i not in off for p in g]
+        active = [t for t in map(graph, trained) if t is not None]
         if backward_type == "input":
             return stage_backward_input(
                 bwd_kwargs["stage_output"],

@@ -80,6 +80,8 @@ def _worker(rank: int, dp: int, port: int, reshard: bool, out: str) -> None:
         fully_shard(chunk, mesh=mesh["dp"], reshard_after_forward=reshard)
         stage = PipelineStage(chunk, s, STAGES, torch.device("cpu"), group=mesh["pp"].get_group())
         groups = [list(chunk.a.parameters()), list(chunk.b.parameters())]
+        if s == 1:  # stage 1's b.bias in no group: never frozen (stage 0 stays grouped whole)
+            groups[1] = [chunk.b.weight]
         if mode == "whole0cut":  # stage 1 needs no input gradient where stage 0 is frozen whole
             enable_freezing(
                 stage, groups, _frozen_fn(mode), lambda s, m: not (s == 1 and m % 2 == 0)
