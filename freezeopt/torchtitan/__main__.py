@@ -28,7 +28,7 @@ def main(trainer: Callable[[], Any] | None = None) -> None:
         a.split("=")[0] in ("--job.custom_config_module", "--job.custom-config-module")
         for a in args
     )
-    if not named:
+    if not named and not _toml_names_config_module(args):
         args += ["--job.custom_config_module", CONFIG_MODULE]
     sys.argv[1:] = args  # before torchtitan's config manager reads them (at its import)
     from freezeopt.torchtitan import require_torchtitan
@@ -47,6 +47,24 @@ def main(trainer: Callable[[], Any] | None = None) -> None:
     except FreezeoptError as e:
         print(f"freezeopt: {e}", file=sys.stderr)
         raise SystemExit(e.exit_code) from None
+
+
+def _toml_names_config_module(args: list[str]) -> bool:
+    """Whether the job's TOML file (`--job.config_file`) names a config module of its own (then
+    that module's `JobConfig` must hold `freezeopt.torchtitan.config.Freeze` as `freeze`)."""
+    import tomllib
+
+    for i, a in enumerate(args):
+        key, _, val = a.partition("=")
+        if key in ("--job.config_file", "--job.config-file"):
+            path = val or (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                with open(path, "rb") as f:
+                    job = tomllib.load(f).get("job", {})
+            except (OSError, tomllib.TOMLDecodeError):
+                return False  # torchtitan says what is wrong with the file
+            return bool(isinstance(job, dict) and job.get("custom_config_module"))
+    return False
 
 
 if __name__ == "__main__":

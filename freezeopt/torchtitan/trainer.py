@@ -51,7 +51,15 @@ class FreezeTrainer(Trainer):
         if self.device.type == "cpu":  # gloo: no pre-multiplied sums (freezeopt.torchtitan.cpu)
             sum_reductions(self.model_parts)
         cfg = getattr(job_config, "freeze", None)
-        self.freezer = Freezer(self, cfg) if cfg is not None and cfg.schedule else None
+        self.freezer: Freezer | None = None
+        self._freeze_state = True  # False while loading a checkpoint saved without it
+        if cfg is not None and cfg.schedule:
+            try:
+                self.freezer = Freezer(self, cfg)
+            except BaseException:
+                self.close()  # torchtitan's main holds no trainer yet: close what it opened
+                raise
+            self._load_with_or_without_freeze_state()
 
     def train_step(self, data_iterator: Any) -> None:
         if self.freezer is not None:
@@ -61,16 +69,39 @@ class FreezeTrainer(Trainer):
     def forward_backward_step(self, **kwargs: Any) -> Any:
         if self.freezer is None:
             return super().forward_backward_step(**kwargs)
+        from torchtitan.tools import utils
+
+        utils.device_module.synchronize()  # time the device's work, not its launches
         t0 = time.perf_counter()
         loss = super().forward_backward_step(**kwargs)
+        utils.device_module.synchronize()
         self.freezer.end(loss, (time.perf_counter() - t0) * 1e3)
         return loss
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        if self.freezer is not None:
+        if self.freezer is not None and self._freeze_state:
             state["freezeopt"] = json.dumps(self.freezer.ctrl.state_dict(), sort_keys=True)
         return state
+
+    def _load_with_or_without_freeze_state(self) -> None:
+        """A checkpoint saved before the job had a schedule holds no controller state, and
+        torchtitan's loads are strict: load such a checkpoint without asking for it (the
+        controller then starts afresh at the checkpoint's step)."""
+        from torch.distributed.checkpoint import FileSystemReader
+
+        load = self.checkpointer.dcp_load
+
+        def dcp_load(state_dict: Any, checkpoint_id: str, from_hf: bool, **kw: Any) -> Any:
+            if not from_hf:
+                keys = FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
+                self._freeze_state = "train_state.freezeopt" in keys
+            try:
+                return load(state_dict, checkpoint_id=checkpoint_id, from_hf=from_hf, **kw)
+            finally:
+                self._freeze_state = True
+
+        self.checkpointer.dcp_load = dcp_load
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)

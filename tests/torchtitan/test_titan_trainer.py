@@ -59,7 +59,7 @@ def _port() -> int:
 
 
 def _titan(
-    tmp: Path, out: str, *extra: str, ranks: int = 4, batch: int = M
+    tmp: Path, out: str, *extra: str, ranks: int = 4, batch: int = M, steps: int = 3
 ) -> subprocess.CompletedProcess[str]:
     tok = write_tokenizer(tmp / "tok")
     shard = ["--parallelism.data_parallel_shard_degree", str(ranks // 2)]
@@ -70,7 +70,7 @@ def _titan(
         "--model.hf_assets_path", str(tok), "--training.dataset", "freezeopt-docs",
         "--parallelism.pipeline_parallel_degree", "2", *shard,
         "--training.local_batch_size", str(batch), "--training.seq_len", "32",
-        "--training.steps", "3", "--debug.seed", "0", "--metrics.log_freq", "1",
+        "--training.steps", str(steps), "--debug.seed", "0", "--metrics.log_freq", "1",
         "--job.dump_folder", str(tmp / out), *extra,
     ]  # fmt: skip
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp)}
@@ -151,3 +151,23 @@ def test_a_schedule_for_another_pipeline_is_refused_in_one_line(solved: Path) ->
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("freezeopt: ")]
     assert lines and "solved for another pipeline" in lines[0], done.stderr[-3000:]
     assert f"{M} microbatches (torchtitan: {2 * M}" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_schedule_joins_a_running_job_and_resumes_where_it_was(solved: Path) -> None:
+    """A checkpoint saved before the job had a schedule loads (torchtitan's loads are strict; it
+    holds no controller state); one saved with it brings the controller back where it was."""
+    ck = ["--checkpoint.enable", "--checkpoint.interval", "2"]
+    freeze = ["--freeze.schedule", str(solved / "schedule.yaml"), "--freeze.warmup_steps", "3"]
+    for steps, extra in ((2, []), (4, freeze), (6, freeze)):
+        done = _titan(solved, "resume", *ck, *extra, ranks=2, steps=steps)
+        assert done.returncode == 0, (steps, done.stderr[-4000:])
+    log = solved / "resume/freezeopt"
+    rows = [json.loads(ln) for ln in (log / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 3, 4, 5]  # counted from 0: torchtitan's steps 3 to 6
+    assert [r["phase"] for r in rows] == ["warmup", "freeze", "freeze", "freeze"]
+    events = [json.loads(ln) for ln in (log / "events.jsonl").read_text().splitlines()]
+    phases = [(e["step"], e["from"], e["to"]) for e in events if e["event"] == "phase"]
+    # the second run starts the controller at the checkpoint's step; the third restores it in
+    # its freezing phase, so no phase change is logged at step 4
+    assert phases == [(2, "init", "warmup"), (3, "warmup", "freeze")], phases
