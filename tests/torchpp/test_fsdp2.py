@@ -12,7 +12,6 @@ unfrozen run gets, a group frozen everywhere gets none.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -22,42 +21,14 @@ import torch.multiprocessing as mp
 
 from freezeopt.torchpp.adapter import enable_freezing, scale_group_grads
 
-D, M, MB_ROWS, STAGES = 16, 4, 3, 2
-MODES = ("stock", "zero", "all0", "even0", "whole0", "whole0cut")
+from .test_freezing import MB_ROWS, MODES, D, M, _chunks, _free_port, _frozen_fn, _loss
 
-
-class Chunk(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(D, D)
-        self.b = torch.nn.Linear(D, D)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.b(torch.tanh(self.a(x)))
-
-
-def _chunks() -> list[Chunk]:
-    torch.manual_seed(0)
-    return [Chunk() for _ in range(STAGES)]
+STAGES = 2
 
 
 def _data(replica: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1 + replica)
     return torch.randn(M * MB_ROWS, D, generator=g), torch.randn(M * MB_ROWS, D, generator=g)
-
-
-def _loss(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    return ((y - t) ** 2).mean()
-
-
-def _frozen_fn(mode: str):
-    if mode.startswith("whole0"):
-        return lambda s, m: frozenset({0, 1}) if s == 0 and m % 2 == 0 else frozenset()
-    if mode == "all0":
-        return lambda s, m: frozenset({0})
-    if mode == "even0":
-        return lambda s, m: frozenset({0}) if m % 2 == 0 else frozenset()
-    return lambda s, m: frozenset()
 
 
 def _worker(rank: int, dp: int, port: int, reshard: bool, out: str) -> None:
@@ -74,7 +45,7 @@ def _worker(rank: int, dp: int, port: int, reshard: bool, out: str) -> None:
     x, y = _data(replica)
     results = {}
     for mode in MODES:
-        chunk = _chunks()[s]
+        chunk = _chunks(STAGES)[s]
         for block in (chunk.a, chunk.b):
             fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard)
         fully_shard(chunk, mesh=mesh["dp"], reshard_after_forward=reshard)
@@ -111,7 +82,7 @@ def _worker(rank: int, dp: int, port: int, reshard: bool, out: str) -> None:
 
 def _reference(mbs: list[int], dp: int) -> list[dict[str, torch.Tensor]]:
     """Mean over the replicas and `mbs` of per-microbatch gradients, without pipeline or sharding."""
-    chunks = _chunks()
+    chunks = _chunks(STAGES)
     for replica in range(dp):
         x, y = _data(replica)
         for m in mbs:
@@ -120,12 +91,6 @@ def _reference(mbs: list[int], dp: int) -> list[dict[str, torch.Tensor]]:
                 h = c(h)
             (_loss(h, y[m * MB_ROWS : (m + 1) * MB_ROWS]) / (len(mbs) * dp)).backward()
     return [{n: p.grad.clone() for n, p in c.named_parameters()} for c in chunks]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.slow
