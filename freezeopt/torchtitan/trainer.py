@@ -1,0 +1,279 @@
+"""`FreezeTrainer`: torchtitan's `Trainer`, replaying a freeze schedule.
+
+torchtitan builds its model, its stages (stock `PipelineStage`s, FSDP2-sharded where data
+parallelism shards) and its pipeline schedule as usual; then `Freezer` takes the schedule file of
+`[freeze] schedule`, checks it against that pipeline (schedule name, stages and their ranks,
+microbatches, groups and their fingerprints), and patches each stage with `enable_freezing`
+(exact under FSDP2). Per step, through torchtitan's own hooks:
+
+* `train_step` enters the controller's step (phases: warm-up, freezing, full-update windows);
+* `forward_backward_step` runs torchtitan's pipeline step, rescales the gradients of groups frozen
+  in some microbatches (before torchtitan clips them and steps the optimizer), and ends the
+  controller's step with the loss, per-group gradient norms and the step's time, all-reduced so
+  every rank decides alike; drift falls back to full updates;
+* `state_dict` adds the controller's state to torchtitan's checkpoint of the trainer.
+
+Rank 0 writes `events.jsonl` and `metrics.jsonl` as `freezeopt train` does. Tensor, context and
+expert parallelism and gradient accumulation are refused in one line (not supported yet).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from torchtitan.train import Trainer
+
+from freezeopt.errors import InputError, MismatchError
+from freezeopt.formats.schedule import Schedule, load_schedule
+from freezeopt.torchpp.adapter import (
+    enable_freezing,
+    scale_group_grads,
+    schedule_microbatches,
+    schedule_stages,
+)
+from freezeopt.torchtitan.cpu import sum_reductions
+from freezeopt.torchtitan.groups import stage_groups
+from freezeopt.training.runlog import RunLog
+from freezeopt.training.runtime import FreezeController
+
+__all__ = ["FreezeTrainer", "Freezer"]
+
+
+class FreezeTrainer(Trainer):
+    """torchtitan's trainer with a `[freeze]` section (`freezeopt.torchtitan.config`)."""
+
+    def __init__(self, job_config: Any) -> None:
+        super().__init__(job_config)
+        if self.device.type == "cpu":  # gloo: no pre-multiplied sums (freezeopt.torchtitan.cpu)
+            sum_reductions(self.model_parts)
+        cfg = getattr(job_config, "freeze", None)
+        self.freezer: Freezer | None = None
+        self._freeze_state = True  # False while loading a checkpoint saved without it
+        if cfg is not None and cfg.schedule:
+            try:
+                self.freezer = Freezer(self, cfg)
+            except BaseException:
+                self.close()  # torchtitan's main holds no trainer yet: close what it opened
+                raise
+            self._load_with_or_without_freeze_state()
+
+    def train_step(self, data_iterator: Any) -> None:
+        if self.freezer is not None:
+            self.freezer.begin(self.step - 1)  # torchtitan counts steps from 1
+        super().train_step(data_iterator)
+
+    def forward_backward_step(self, **kwargs: Any) -> Any:
+        if self.freezer is None:
+            return super().forward_backward_step(**kwargs)
+        from torchtitan.tools import utils
+
+        utils.device_module.synchronize()  # time the device's work, not its launches
+        t0 = time.perf_counter()
+        loss = super().forward_backward_step(**kwargs)
+        utils.device_module.synchronize()
+        self.freezer.end(loss, (time.perf_counter() - t0) * 1e3)
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.freezer is not None and self._freeze_state:
+            state["freezeopt"] = json.dumps(self.freezer.ctrl.state_dict(), sort_keys=True)
+        return state
+
+    def _load_with_or_without_freeze_state(self) -> None:
+        """A checkpoint saved before the job had a schedule holds no controller state, and
+        torchtitan's loads are strict: load such a checkpoint without asking for it (the
+        controller then starts afresh at the checkpoint's step)."""
+        from torch.distributed.checkpoint import FileSystemReader
+
+        load = self.checkpointer.dcp_load
+
+        def dcp_load(state_dict: Any, checkpoint_id: str, from_hf: bool, **kw: Any) -> Any:
+            if not from_hf:
+                keys = FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
+                self._freeze_state = "train_state.freezeopt" in keys
+            try:
+                return load(state_dict, checkpoint_id=checkpoint_id, from_hf=from_hf, **kw)
+            finally:
+                self._freeze_state = True
+
+        self.checkpointer.dcp_load = dcp_load
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self.freezer is not None and "freezeopt" in state_dict:
+            self.freezer.ctrl.load_state_dict(json.loads(state_dict["freezeopt"]))
+
+    def close(self) -> None:
+        freezer = getattr(self, "freezer", None)
+        if freezer is not None:
+            freezer.log.close()
+        super().close()
+
+
+class Freezer:
+    """The schedule, its controller and the patched stages of one rank of a torchtitan job."""
+
+    def __init__(self, trainer: Any, cfg: Any) -> None:
+        import torch.distributed as dist
+
+        self.trainer = trainer
+        pd = trainer.parallel_dims
+        if not pd.pp_enabled:
+            raise InputError(
+                "a freeze schedule is per pipeline stage and microbatch: set "
+                "parallelism.pipeline_parallel_degree to 2 or more"
+            )
+        if pd.tp_enabled or pd.cp_enabled or pd.ep_enabled:
+            raise InputError(
+                "freezeopt's torchtitan trainer supports pipeline and data parallelism (FSDP2, "
+                "HSDP) only: set the tensor, context and expert parallel degrees to 1"
+            )
+        if trainer.gradient_accumulation_steps != 1:
+            raise InputError(
+                f"gradient accumulation ({trainer.gradient_accumulation_steps} steps) is not "
+                "supported with a freeze schedule: set training.global_batch_size to "
+                "training.local_batch_size × the data-parallel degree"
+            )
+        self.schedule = schedule = load_schedule(cfg.schedule)
+        self.stages = schedule_stages(trainer.pp_schedule)
+        pipe = schedule.pipeline
+        self._check_pipeline(schedule, trainer.job_config, pd.get_mesh("pp").get_local_rank())
+        self.groups: dict[int, list[list[Any]]] = {}
+        for st in self.stages:
+            s = st.stage_index
+            by_name = dict(st.submod.named_parameters())
+            found = stage_groups(st.submod)
+            if tuple(found) != pipe.groups[s]:
+                raise MismatchError(
+                    f"stage {s} of this torchtitan job has groups {', '.join(found)}, the "
+                    f"schedule {', '.join(pipe.groups[s])}: profile and solve this model and split "
+                    "(freezeopt.torchtitan.model in a job spec)"
+                )
+            self.groups[s] = [[by_name[n] for n in names] for names in found.values()]
+        self.ctrl = FreezeController(
+            schedule,
+            stages=[st.stage_index for st in self.stages],
+            rescale=cfg.rescale,
+            warmup_steps=cfg.warmup_steps,
+            full_update_every=cfg.full_update_every,
+            all_grouped=[True] * pipe.n_stages,
+        )
+        for st in self.stages:
+            enable_freezing(
+                st,
+                self.groups[st.stage_index],
+                self.ctrl.frozen_groups,
+                self.ctrl.input_grad_needed,
+            )
+        self.keys = [(s, g) for s in range(pipe.n_stages) for g in pipe.groups[s]]
+        self.replicas = pd.dp_replicate
+        self.has_last = trainer.pp_has_last_stage
+        folder = cfg.log_dir or str(Path(trainer.job_config.job.dump_folder) / "freezeopt")
+        self.log = RunLog(Path(folder), writes=dist.get_rank() == 0)
+        self._opened = False
+        self.phase = self.ctrl.phase
+
+    def _check_pipeline(self, schedule: Schedule, job_config: Any, pp_rank: int) -> None:
+        """The schedule must have been solved for the pipeline torchtitan built."""
+        pipe = schedule.pipeline
+        par = job_config.parallelism
+        csv = par.pipeline_parallel_schedule_csv
+        want = f"csv:{Path(csv).name}" if csv else par.pipeline_parallel_schedule
+        got = (
+            pipe.schedule
+            if not pipe.schedule.startswith("csv:")
+            else f"csv:{Path(pipe.schedule[4:]).name}"
+        )
+        n_stages = par.pipeline_parallel_degree * len(self.stages)
+        m = schedule_microbatches(self.trainer.pp_schedule)
+        wrong = []
+        if got != want:
+            wrong.append(f"schedule {pipe.schedule} (torchtitan runs {want})")
+        if pipe.n_stages != n_stages or pipe.world_size != par.pipeline_parallel_degree:
+            wrong.append(
+                f"{pipe.n_stages} stages on {pipe.world_size} ranks (torchtitan: {n_stages} on "
+                f"{par.pipeline_parallel_degree})"
+            )
+        elif any(pipe.stage_to_rank[st.stage_index] != pp_rank for st in self.stages):
+            wrong.append("stages placed on other ranks than torchtitan places them")
+        if pipe.n_microbatches != m:
+            wrong.append(
+                f"{pipe.n_microbatches} microbatches (torchtitan: {m}, local_batch_size / "
+                "pipeline_parallel_microbatch_size)"
+            )
+        if wrong:
+            raise MismatchError(
+                "the freeze schedule was solved for another pipeline: "
+                + "; ".join(wrong)
+                + "; profile a job spec with torchtitan's pipeline and solve it again"
+            )
+
+    def begin(self, step: int) -> None:
+        if not self._opened:
+            self.log.open(step)
+            self._opened = True
+        self.log.add_events(self.ctrl.begin_step(step))
+        self.phase = self.ctrl.phase
+
+    def end(self, loss: Any, fb_ms: float) -> None:
+        import torch
+        import torch.distributed as dist
+
+        ctrl = self.ctrl
+        for st in self.stages:
+            scale_group_grads(self.groups[st.stage_index], ctrl.grad_scales(st.stage_index))
+        n = len(self.keys)
+        index = {k: i for i, k in enumerate(self.keys)}
+        vec = torch.zeros(1 + 2 * n, dtype=torch.float64)
+        if self.has_last:
+            vec[0] = float(loss.detach().double().sum())
+        names = self.schedule.pipeline.groups
+        for st in self.stages:
+            s = st.stage_index
+            for g, params in enumerate(self.groups[s]):
+                grads = [p.grad for p in params if p.grad is not None]
+                if not grads:
+                    continue
+                sq = sum(float(_local(gr).double().pow(2).sum()) for gr in grads)
+                i = index[(s, names[s][g])]
+                vec[1 + i], vec[1 + n + i] = sq, 1.0
+        tvec = torch.tensor([fb_ms], dtype=torch.float64)
+        device = self.trainer.device
+        vec, tvec = vec.to(device), tvec.to(device)
+        dist.all_reduce(vec, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tvec, op=dist.ReduceOp.MAX)
+        vec, tvec = vec.cpu(), tvec.cpu()
+        loss_v = float(vec[0])
+        norms = {
+            f"{s}/{g}": math.sqrt(max(0.0, float(vec[1 + i])) / self.replicas)
+            for i, (s, g) in enumerate(self.keys)
+            if float(vec[1 + n + i]) > 0.5
+        }
+        step_ms = float(tvec[0])
+        freezing = ctrl.freezing
+        predicted = ctrl.expected_step_ms() if freezing else None
+        decision = ctrl.end_step(loss=loss_v, grad_norms=norms, step_ms=step_ms)
+        self.log.add_events(list(decision.events))
+        self.log.add_metrics(
+            {
+                "step": ctrl.step,
+                "phase": self.phase,
+                "freezing": freezing,
+                "loss": loss_v,
+                "step_ms": step_ms,
+                "predicted_ms": predicted,
+                "drift": list(decision.drift),
+                "grad_norms": norms,
+            }
+        )
+
+
+def _local(t: Any) -> Any:
+    """A gradient's local part (an FSDP2 shard's own elements), or the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
