@@ -25,9 +25,10 @@ def dump_trainer() -> type:
                 for part in self.model_parts:
                     for name, p in part.named_parameters():
                         g = p.grad
-                        grads[name] = None if g is None else g.full_tensor().clone()
+                        whole = getattr(g, "full_tensor", None)  # an FSDP2 shard's DTensor
+                        grads[name] = None if g is None else (whole() if whole else g).clone()
                 pd = self.parallel_dims
-                if pd.get_mesh("batch").get_local_rank() == 0:
+                if not pd.dp_enabled or pd.get_mesh("batch").get_local_rank() == 0:
                     out = Path(self.job_config.job.dump_folder)
                     out.mkdir(parents=True, exist_ok=True)
                     torch.save(grads, out / f"grads.{pd.get_mesh('pp').get_local_rank()}.pt")
