@@ -616,16 +616,18 @@ def solve_cmd(
     sensitivity: Annotated[
         str,
         typer.Option(
-            help="gns, measured (the probe loss the profiler measured), gns-raw, norm, numel or flat."
+            help="auto (measured where the profile measured the loss cost, else gns), gns, "
+            "measured (the probe loss the profiler measured), gns-raw, norm, numel or flat."
         ),
-    ] = "gns",
+    ] = "auto",
     objective: Annotated[
         str,
         typer.Option(
-            help="step (the shortest step under --budget) or ttq (the least predicted time to "
-            "quality, the budget chosen up to --budget; nothing frozen where freezing does not pay)."
+            help="auto (ttq with the measured sensitivity, else step), step (the shortest step "
+            "under --budget) or ttq (the least predicted time to quality, the budget chosen up to "
+            "--budget; nothing frozen where freezing does not pay)."
         ),
-    ] = "step",
+    ] = "auto",
     tolerance: Annotated[
         float, typer.Option(help="Step-time slack phase 2 may use to drop less signal.")
     ] = 0.0,

@@ -69,13 +69,14 @@ def solve_file(
             if out is not None and os.path.realpath(p) == os.path.realpath(out):
                 raise InputError(f"--write-model {p} is the schedule file (-o); name another file")
     profile = load_profile(profile_path)
+    opts = opts.for_profile(measured=profile.probe is not None)
     dag = build_dag(profile)
     if opts.mode == "heuristic" or opts.fallback == "heuristic":
         # numba's compiled kernels load from their cache in about 0.5 s: before the solve's clock
         # starts, or a short --time-limit spends it on the relaxation's first iteration (at
         # 64×256 with 2 s: one iteration and 7.9 % from the LP optimum, against 300–440 and ~2 %)
         load_kernels()
-    signal = estimate_signal(profile, opts.sensitivity)
+    signal = estimate_signal(profile, opts.estimator)
     result = solve_ttq(dag, signal, opts) if opts.objective == "ttq" else solve(dag, signal, opts)
     sched = schedule_from_result(
         result,

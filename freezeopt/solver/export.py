@@ -8,6 +8,7 @@ it make schedules from results.
 from __future__ import annotations
 
 from freezeopt import __version__
+from freezeopt.errors import InputError
 from freezeopt.formats.profile import Profile
 from freezeopt.formats.schedule import (
     SCHEDULE_VERSION,
@@ -49,6 +50,9 @@ def schedule_from_result(
         elif r > 0:  # fractional freezing: `lp` mode only
             ratios.setdefault(a.stage, {}).setdefault(name, {})[a.microbatch] = r
     stage_to_rank = tuple(st.rank for st in profile.stages)
+    objective = opts.objective
+    if objective == "auto":
+        raise InputError("objective 'auto' depends on the profile: resolve it (for_profile)")
     return Schedule(
         schema_version=SCHEDULE_VERSION,
         provenance=ScheduleProvenance(
@@ -59,12 +63,12 @@ def schedule_from_result(
             solver=result.solver,
             status=result.status,
             sensitivity=opts.sensitivity,
-            budget=result.budget if opts.objective == "ttq" else opts.budget,
+            budget=result.budget if objective == "ttq" else opts.budget,
             group_cap=opts.group_cap,
             stage_cap=opts.stage_cap,
             tolerance=opts.tolerance,
-            objective=opts.objective,
-            budget_cap=opts.budget if opts.objective == "ttq" else None,
+            objective=objective,
+            budget_cap=opts.budget if objective == "ttq" else None,
         ),
         pipeline=SchedulePipeline(
             schedule=profile.pipeline.schedule,

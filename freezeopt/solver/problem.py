@@ -21,7 +21,7 @@ import functools
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -73,11 +73,12 @@ class SolveOptions:
     """Largest share of a step's microbatches in which one group may be frozen, in [0, 1]."""
     stage_cap: float | None = None
     """Optional cap on a stage's mean freeze ratio (TimelyFreeze uses 0.9)."""
-    sensitivity: Estimator = "gns"
-    objective: Literal["step", "ttq"] = "step"
+    sensitivity: Estimator | Literal["auto"] = "gns"
+    """What freezing costs in progress (`freezeopt.model.sensitivity`); `auto`: see `for_profile`."""
+    objective: Literal["auto", "step", "ttq"] = "step"
     """`step`: the shortest step under `budget`. `ttq`: the least predicted time to quality, the
     budget chosen up to `budget` (the cap), or nothing frozen where freezing does not pay
-    (`freezeopt.solver.ttq`)."""
+    (`freezeopt.solver.ttq`). `auto`: see `for_profile` (the command line's default)."""
     tolerance: float = 0.0
     """Phase 2 may lengthen the step by this share of the phase-1 optimum to drop less signal."""
     time_limit: float = 60.0
@@ -117,12 +118,34 @@ class SolveOptions:
             )
         if self.fallback not in ("none", "heuristic"):
             raise InputError(f"unknown fallback {self.fallback!r}; use none or heuristic")
-        if self.objective not in ("step", "ttq"):
-            raise InputError(f"unknown objective {self.objective!r}; use step or ttq")
+        if self.objective not in ("auto", "step", "ttq"):
+            raise InputError(f"unknown objective {self.objective!r}; use auto, step or ttq")
         if self.mode not in MODES:
             raise InputError(f"unknown mode {self.mode!r}; use one of {', '.join(MODES)}")
         if self.solver not in SOLVERS:
             raise InputError(f"unknown solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
+
+    @property
+    def estimator(self) -> Estimator:
+        """`sensitivity`, once `for_profile` has resolved `auto`."""
+        if self.sensitivity == "auto":
+            raise InputError("sensitivity 'auto' depends on the profile: resolve it (for_profile)")
+        return self.sensitivity
+
+    def for_profile(self, measured: bool) -> SolveOptions:
+        """These options with `auto` resolved for a profile that did (`measured`) or did not
+        measure the loss cost (a probe: `freezeopt profile` with gradient traces): the `measured`
+        sensitivity and the `ttq` objective where it did — on the time-to-quality benchmark
+        (benchmarks/TTQ.md) never slower than not freezing, and the fastest policy from scratch —
+        else `gns` and the shortest step under the budget (`ttq` on a modelled sensitivity froze
+        far too much there: benchmarks/TTQ-gns-curve.md)."""
+        sens = self.sensitivity
+        if sens == "auto":
+            sens = "measured" if measured else "gns"
+        obj = self.objective
+        if obj == "auto":
+            obj = "ttq" if sens == "measured" else "step"
+        return replace(self, sensitivity=sens, objective=obj)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

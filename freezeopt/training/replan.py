@@ -233,7 +233,7 @@ def replan(
     dag = measured_dag(profile_dag(profile), measured)
     opts = solve_options(current, spec)
     warm_before = lp_cache.warm_solves if lp_cache is not None else 0
-    result = solve(dag, estimate_signal(profile, opts.sensitivity), opts, lp_cache=lp_cache)
+    result = solve(dag, estimate_signal(profile, opts.estimator), opts, lp_cache=lp_cache)
     new = schedule_from_result(
         result,
         profile=profile,

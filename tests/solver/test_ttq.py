@@ -111,3 +111,40 @@ def test_an_unknown_objective_names_the_choices() -> None:
 
     with pytest.raises(InputError, match="step or ttq"):
         SolveOptions(objective="fast")  # type: ignore[arg-type]
+
+
+def test_auto_takes_time_to_quality_on_the_measured_cost_where_the_profile_has_it() -> None:
+    auto = SolveOptions(objective="auto", sensitivity="auto")
+    got = auto.for_profile(measured=True)
+    assert (got.objective, got.sensitivity) == ("ttq", "measured")
+    got = auto.for_profile(measured=False)  # a profile without a probe (synth, older files)
+    assert (got.objective, got.sensitivity) == ("step", "gns")
+    # ttq only on the measured cost: with a modelled one it froze far too much
+    got = SolveOptions(objective="auto", sensitivity="gns").for_profile(measured=True)
+    assert (got.objective, got.sensitivity) == ("step", "gns")
+    got = SolveOptions(objective="ttq", sensitivity="numel").for_profile(measured=True)
+    assert (got.objective, got.sensitivity) == ("ttq", "numel")
+    with pytest.raises(Exception, match="resolve it"):
+        _ = auto.estimator
+
+
+def test_solve_on_the_command_line_defaults_to_auto(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from freezeopt.formats.profile import save_profile
+    from freezeopt.formats.schedule import load_schedule
+    from tests.model.test_sensitivity import _probed
+
+    p = make_profile(microbatches=8, groups=3)
+    drops = {(st.stage, g.name): 0.1 for st in p.stages for g in st.groups}
+    for name, prof in (("plain", p), ("probed", _probed(p, drops))):
+        save_profile(prof, tmp_path / f"{name}.json")
+        cmd = [sys.executable, "-m", "freezeopt", "solve", str(tmp_path / f"{name}.json")]
+        cmd += ["--mode", "lp", "--time-limit", "20", "-o", str(tmp_path / f"{name}.yaml")]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    assert load_schedule(tmp_path / "plain.yaml").provenance.sensitivity == "gns"
+    assert load_schedule(tmp_path / "plain.yaml").provenance.objective == "step"
+    probed = load_schedule(tmp_path / "probed.yaml").provenance
+    assert (probed.objective, probed.sensitivity) == ("ttq", "measured")
