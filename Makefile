@@ -81,7 +81,7 @@ torchtitan-example: $(TITAN_STAMP)
 	mkdir -p out/torchtitan
 	$(BIN)/python -m freezeopt.torchtitan.data out/torchtitan/tokenizer
 	$(BIN)/freezeopt profile torchtitan-llama3 -o out/torchtitan/profile.json
-	$(BIN)/freezeopt solve out/torchtitan/profile.json --budget 0.2 -o out/torchtitan/schedule.yaml
+	$(BIN)/freezeopt solve out/torchtitan/profile.json --objective step --budget 0.2 -o out/torchtitan/schedule.yaml
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --nproc_per_node 4 -m freezeopt.torchtitan \
 		--job.config_file freezeopt/examples/torchtitan-llama3.toml
 
