@@ -665,16 +665,16 @@ def solve_cmd(
         time_limit=time_limit, gap=gap,
         threads=threads, write_model=write_model, fallback=fallback,  # type: ignore[arg-type]
     )  # fmt: skip
-    r, _ = solve_file(
+    r, sched = solve_file(
         profile,
         opts,
         phases=Phases(warmup_steps=warmup_steps, full_update_every=full_update_every),
         out=out,
     )
     if as_json:
-        _print_json(solve_summary(r, out))
+        _print_json(solve_summary(r, out, sched))
     else:
-        typer.echo(format_solve(r, out))
+        typer.echo(format_solve(r, out, sched))
 
 
 @app.command()

@@ -91,9 +91,20 @@ def solve_file(
     return result, sched
 
 
-def solve_summary(r: SolveResult, out: Path | None) -> dict[str, Any]:
-    """What `freezeopt solve --json` prints."""
+def solve_summary(
+    r: SolveResult, out: Path | None, sched: Schedule | None = None
+) -> dict[str, Any]:
+    """What `freezeopt solve --json` prints (`sched`: the schedule written, for what was solved)."""
+    how = {}
+    if sched is not None:
+        pv = sched.provenance
+        how = {
+            "objective": pv.objective,
+            "sensitivity": pv.sensitivity,
+            "budget_cap": pv.budget_cap,
+        }
     return {
+        **how,
         "status": r.status,
         "mode": r.mode,
         "solver": r.solver,
@@ -115,8 +126,9 @@ def solve_summary(r: SolveResult, out: Path | None) -> dict[str, Any]:
     }
 
 
-def format_solve(r: SolveResult, out: Path | None) -> str:
-    """What `freezeopt solve` prints for people."""
+def format_solve(r: SolveResult, out: Path | None, sched: Schedule | None = None) -> str:
+    """What `freezeopt solve` prints for people (`sched`: the schedule written, for what was
+    solved)."""
     gain = r.baseline_ms - r.predicted_ms
     room = r.baseline_ms - r.lp_bound_ms
     # without the LP the bound is the rank-load bound or the relaxation's (the notes say which)
@@ -126,7 +138,15 @@ def format_solve(r: SolveResult, out: Path | None) -> str:
     speedup = (
         f"{r.baseline_ms / r.predicted_ms:.3f}x" if r.predicted_ms > 0 else "no step time left"
     )
-    lines = [
+    lines = []
+    if sched is not None:
+        pv = sched.provenance
+        if pv.objective == "ttq":
+            what_ = f"time to quality: the budget chosen up to the cap {pv.budget_cap:g}"
+        else:
+            what_ = f"shortest step under the budget {pv.budget:g}"
+        lines.append(f"objective       {pv.objective} ({what_}; sensitivity {pv.sensitivity})")
+    lines += [
         f"status          {r.status} ({r.mode}, {r.solver}, {r.solve_seconds:.2f} s)",
         f"no freezing     {r.baseline_ms:10.2f} ms",
         f"all frozen      {r.all_frozen_ms:10.2f} ms   (floor)",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,20 @@ class Freezer:
         self.has_last = trainer.pp_has_last_stage
         folder = cfg.log_dir or str(Path(trainer.job_config.job.dump_folder) / "freezeopt")
         self.log = RunLog(Path(folder), writes=dist.get_rank() == 0)
+        if dist.get_rank() == 0:
+            phases = self.ctrl.schedule.phases
+            print(
+                f"freezeopt: replaying {cfg.schedule} ({pipe.schedule}, {pipe.n_stages} stages, "
+                f"{pipe.n_microbatches} microbatches; freezing from step {phases.warmup_steps}, "
+                + (
+                    f"a full-update step every {phases.full_update_every}"
+                    if phases.full_update_every
+                    else "no full-update steps"
+                )
+                + f"); events and a record per step in {folder}/",
+                file=sys.stderr,
+                flush=True,
+            )
         self._opened = False
         self.phase = self.ctrl.phase
 

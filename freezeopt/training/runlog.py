@@ -26,7 +26,8 @@ class RunLog:
         self._files: dict[str, Any] = {}
 
     def open(self, start: int) -> None:
-        """Open the files for appending from step `start` on (a resume keeps earlier steps)."""
+        """Open the files for appending from step `start` on (a resume keeps earlier steps; a run
+        from step 0 replaces what an earlier run in the same folder wrote)."""
         if not self.writes:
             return
         self.out.mkdir(parents=True, exist_ok=True)
@@ -38,9 +39,10 @@ class RunLog:
                 if ln.strip() and json.loads(ln).get("step", 0) < start
             ]
             metrics.write_text("".join(ln + "\n" for ln in keep))
+        mode = "a" if start > 0 else "w"  # a run from its first step starts the logs afresh
         self._files = {
-            "events": open(self.out / "events.jsonl", "a"),  # noqa: SIM115 - closed in close()
-            "metrics": open(metrics, "a"),  # noqa: SIM115
+            "events": open(self.out / "events.jsonl", mode),  # noqa: SIM115 - closed in close()
+            "metrics": open(metrics, mode),  # noqa: SIM115
         }
         for ev in self.events:  # events logged before the files were open (resume)
             self._write("events", ev)

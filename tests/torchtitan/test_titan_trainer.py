@@ -107,6 +107,8 @@ def test_torchtitan_replays_the_schedule_exactly_under_fsdp2(solved: Path) -> No
         solved, "frozen", "--freeze.schedule", str(schedule), "--freeze.warmup_steps", "0"
     )
     assert frozen.returncode == 0, frozen.stderr[-4000:]
+    said = [ln for ln in frozen.stderr.splitlines() if ln.startswith("freezeopt: replaying")]
+    assert len(said) == 1 and "frozen/freezeopt/" in said[0], said  # rank 0 only
     plain = _titan(solved, "plain")
     assert plain.returncode == 0, plain.stderr[-4000:]
 
