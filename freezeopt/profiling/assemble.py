@@ -338,8 +338,10 @@ def assemble(
     group_detail: dict[str, Any] = {}
     for s in range(plan.n_stages):
         names = [g for (st, g) in group_meta if st == s]
-        meds = {g: statistics.median(rounds[s][g]) for g in names}
-        total = sum(max(0.0, v) for v in meds.values())
+        # as `_stat` will store them: each sample clipped at 0, then the median (the median of
+        # the raw samples, clipped after, is smaller where some are negative, as under load)
+        meds = {g: statistics.median(max(0.0, x) for x in rounds[s][g]) for g in names}
+        total = sum(meds.values())
         wb = [cost_med[a] for a in all_actions if a.stage == s and a.kind in ("B", "W")]
         cap = min(wb) if wb else total
         scale = 1.0
