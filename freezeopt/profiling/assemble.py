@@ -218,6 +218,33 @@ def _pct(v: Sequence[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+def _clipped_median(xs: Sequence[float]) -> float:
+    """The median `_stat` stores (scale 1): each sample clipped at 0 first. (The raw samples'
+    median, clipped after, is smaller where some are negative, as timing differences are under
+    load.)"""
+    return float(statistics.median(max(0.0, x) for x in xs))
+
+
+def fit_scales(
+    groups: Sequence[Sequence[float]], truncation: Sequence[Sequence[float]] | None, cap: float
+) -> tuple[float, float]:
+    """Factors for a stage's group-cost samples and truncation-gain samples so that, as the file
+    stores them (`_stat`: clipped, scaled, median), the group costs and then the gains together
+    fit in `cap`, its fastest weight-gradient action, with `_FIT_MARGIN` to spare (the file
+    rounds to 6 digits) — the DAG refuses a profile where they do not."""
+    total = sum(_clipped_median(g) for g in groups)
+    fit = cap * (1 - _FIT_MARGIN)
+    scale = fit / total if total > fit > 0 else 1.0
+    if truncation is None:
+        return scale, scale
+    gains = sum(_clipped_median(t) for t in truncation)
+    room = max(0.0, fit - total * scale) if fit > 0 else 0.0
+    t_scale = scale
+    if gains * scale > room:
+        t_scale = room / gains if gains > 0 else 0.0
+    return scale, t_scale
+
+
 def _stat(xs: Sequence[float], *, scale: float = 1.0) -> Stat:
     v = sorted(max(0.0, x * scale) for x in xs)
     return Stat(median=statistics.median(v), p10=_pct(v, 10), p90=_pct(v, 90), n=len(v))
@@ -338,17 +365,14 @@ def assemble(
     group_detail: dict[str, Any] = {}
     for s in range(plan.n_stages):
         names = [g for (st, g) in group_meta if st == s]
-        # as `_stat` will store them: each sample clipped at 0, then the median (the median of
-        # the raw samples, clipped after, is smaller where some are negative, as under load)
-        meds = {g: statistics.median(max(0.0, x) for x in rounds[s][g]) for g in names}
-        total = sum(meds.values())
+        n_trunc = len(names) + 1
+        keys = [f"truncation.{j}" for j in range(n_trunc)]
+        trunc_rounds = [rounds[s][k] for k in keys] if all(k in rounds[s] for k in keys) else None
         wb = [cost_med[a] for a in all_actions if a.stage == s and a.kind in ("B", "W")]
+        total = sum(_clipped_median(rounds[s][g]) for g in names)
         cap = min(wb) if wb else total
-        scale = 1.0
-        # the file rounds to 6 digits: keep the sum safely below the action
-        fit = cap * (1 - _FIT_MARGIN)
-        if total > fit > 0:
-            scale = fit / total
+        scale, t_scale = fit_scales([rounds[s][g] for g in names], trunc_rounds, cap)
+        if scale < 1.0:
             warnings.append(
                 f"stage {s}: group costs ({total:.2f} ms) exceeded its fastest weight-gradient action "
                 f"({cap:.2f} ms); scaled by {scale:.3f}"
@@ -374,21 +398,9 @@ def assemble(
             )
             for g in names
         )
-        n_trunc = len(names) + 1
         truncation: tuple[Stat, ...] = ()
-        if all(f"truncation.{j}" in rounds[s] for j in range(n_trunc)):
-            gains = [  # as `_stat` takes them: each sample clipped at 0, then the median
-                statistics.median(max(0.0, x) for x in rounds[s][f"truncation.{j}"])
-                for j in range(n_trunc)
-            ]
-            # what truncation saves fits in the action too, beside the (scaled) group costs
-            room = max(0.0, fit - total * scale) if fit > 0 else 0.0
-            t_scale = scale
-            if sum(gains) * scale > room:
-                t_scale = room / sum(gains) if sum(gains) > 0 else 0.0
-            truncation = tuple(
-                _stat(rounds[s][f"truncation.{j}"], scale=t_scale) for j in range(n_trunc)
-            )
+        if trunc_rounds is not None:
+            truncation = tuple(_stat(t, scale=t_scale) for t in trunc_rounds)
             group_detail[str(s)]["truncation_scaled_by"] = t_scale
         stages.append(
             StageProfile(
