@@ -6,8 +6,8 @@ the measured steps, the executed order checked against the schedule, the measure
 median step, cross-rank lags from the wall timeline (ping-pong where the timeline has too few
 samples), group costs fitted under the actions they belong to, the gradient traces — plus the
 self-check: the DAG built from the new profile must predict the measured step time, and where it
-misses by more than `SELF_CHECK_TOLERANCE` the report says why. `freezeopt.profiling.run`'s docstring
-describes every measurement.
+misses by more than `SELF_CHECK_TOLERANCE` the report says why; `format_report` renders the report
+for people. `freezeopt.profiling.run`'s docstring describes every measurement.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ __all__ = [
     "ProfileReport",
     "RankResult",
     "assemble",
+    "format_report",
     "loss_summary",
 ]
 
@@ -688,3 +689,67 @@ def _composites(
         if all(a in pos for a in run)
         and [pos[a] for a in run] == list(range(pos[run[0]], pos[run[0]] + len(run)))
     )
+
+
+def format_report(report: ProfileReport) -> str:
+    """A short human-readable summary table of a profiling run."""
+    lines = [
+        f"{report.job} · {report.schedule} · {report.world_size} ranks · {report.n_stages} stages · "
+        f"{report.n_microbatches} microbatches · {report.steps_measured} steps measured on {report.device} "
+        f"({report.wall_s:.1f} s)",
+        f"step time: measured {report.measured_step_ms:.1f} ms, DAG-predicted {report.predicted_step_ms:.1f} ms, "
+        f"error {report.error * 100:+.1f} %",
+    ]
+    if report.explanation:
+        lines.append(f"  why: {report.explanation}")
+    lines.append("")
+    lines.append(f"{'stage':>5} {'rank':>4} {'kind':>4} {'cost ms':>8} {'wall ms':>8} {'n':>3}")
+    for st, rk, kind, cost, wall, n in report.action_ms:
+        lines.append(f"{st:>5} {rk:>4} {kind:>4} {cost:>8.2f} {wall:>8.2f} {n:>3}")
+    lines.append("")
+    lines.append("weight-gradient cost per microbatch (ms):")
+    by_stage: dict[int, list[str]] = {}
+    for st, g, ms in report.group_ms:
+        by_stage.setdefault(st, []).append(f"{g} {ms:.2f}")
+    for st in sorted(by_stage):
+        lines.append(f"  stage {st}: " + ", ".join(by_stage[st]))
+    if report.lags_ms:
+        lags = ", ".join(f"{s}→{d} {k} {ms:.3f} ({m})" for s, d, k, ms, m in report.lags_ms)
+        lines.append(f"lags (ms): {lags}")
+    lines.append(
+        "optimizer step (ms): "
+        + ", ".join(f"rank {r} {ms:.2f}" for r, ms in enumerate(report.optimizer_ms))
+    )
+    if report.loss:
+        val = ""
+        if report.val_loss:
+            val = f"; validation {report.val_loss[0]:.3f} → {report.val_loss[-1]:.3f}"
+        lines.append(
+            f"loss {report.loss[0]:.3f} → {report.loss[-1]:.3f} over the measured steps{val}"
+        )
+    lc = report.loss_cost
+    if lc is not None:
+        r2 = lc["conservation_r2"]
+        lines.append(
+            f"loss cost: probe loss {lc['probe_loss'][0]:.3f} → {lc['probe_loss'][1]:.3f} over "
+            f"{lc['steps']} steps; the groups' shares explain its changes"
+            + (f" (R² {r2:.5f})" if r2 is not None else " (too few steps to say how well)")
+        )
+        br = lc.get("branch")
+        if br is not None:
+            lines.append(
+                f"  branch runs ({br['steps']} steps, every group frozen in "
+                f"{100 * br['frozen_share']:.0f} % of the microbatches): kept "
+                f"{100 * br['kept']:.1f} % of the progress, the curves predicted "
+                f"{100 * br['kept_predicted']:.1f} %"
+            )
+    if report.order_ok:
+        lines.append("action order: every rank ran exactly the schedule's order")
+    else:
+        lines.append(
+            "action order differs from the schedule: " + "; ".join(report.order_mismatches)
+        )
+    lines.extend(f"warning: {w}" for w in report.warnings)
+    if report.path is not None:
+        lines.append(f"profile written to {report.path}")
+    return "\n".join(lines)

@@ -83,6 +83,7 @@ from freezeopt.profiling.assemble import (
     ProfileReport,
     RankResult,
     assemble,
+    format_report,
 )
 from freezeopt.profiling.group_costs import CostMeter
 from freezeopt.profiling.loss_cost import LcaTracker, branch_frozen
@@ -199,70 +200,6 @@ def _one_rank_fault(text: str) -> Fault | None:
 PROFILE_FAULT_HINT = (
     "write e.g. crash:rank=1,step=2, kill:rank=1,step=2, hang:rank=0,step=3 or nan_loss:step=2"
 )
-
-
-def format_report(report: ProfileReport) -> str:
-    """A short human-readable summary table of a profiling run."""
-    lines = [
-        f"{report.job} · {report.schedule} · {report.world_size} ranks · {report.n_stages} stages · "
-        f"{report.n_microbatches} microbatches · {report.steps_measured} steps measured on {report.device} "
-        f"({report.wall_s:.1f} s)",
-        f"step time: measured {report.measured_step_ms:.1f} ms, DAG-predicted {report.predicted_step_ms:.1f} ms, "
-        f"error {report.error * 100:+.1f} %",
-    ]
-    if report.explanation:
-        lines.append(f"  why: {report.explanation}")
-    lines.append("")
-    lines.append(f"{'stage':>5} {'rank':>4} {'kind':>4} {'cost ms':>8} {'wall ms':>8} {'n':>3}")
-    for st, rk, kind, cost, wall, n in report.action_ms:
-        lines.append(f"{st:>5} {rk:>4} {kind:>4} {cost:>8.2f} {wall:>8.2f} {n:>3}")
-    lines.append("")
-    lines.append("weight-gradient cost per microbatch (ms):")
-    by_stage: dict[int, list[str]] = {}
-    for st, g, ms in report.group_ms:
-        by_stage.setdefault(st, []).append(f"{g} {ms:.2f}")
-    for st in sorted(by_stage):
-        lines.append(f"  stage {st}: " + ", ".join(by_stage[st]))
-    if report.lags_ms:
-        lags = ", ".join(f"{s}→{d} {k} {ms:.3f} ({m})" for s, d, k, ms, m in report.lags_ms)
-        lines.append(f"lags (ms): {lags}")
-    lines.append(
-        "optimizer step (ms): "
-        + ", ".join(f"rank {r} {ms:.2f}" for r, ms in enumerate(report.optimizer_ms))
-    )
-    if report.loss:
-        val = ""
-        if report.val_loss:
-            val = f"; validation {report.val_loss[0]:.3f} → {report.val_loss[-1]:.3f}"
-        lines.append(
-            f"loss {report.loss[0]:.3f} → {report.loss[-1]:.3f} over the measured steps{val}"
-        )
-    lc = report.loss_cost
-    if lc is not None:
-        r2 = lc["conservation_r2"]
-        lines.append(
-            f"loss cost: probe loss {lc['probe_loss'][0]:.3f} → {lc['probe_loss'][1]:.3f} over "
-            f"{lc['steps']} steps; the groups' shares explain its changes"
-            + (f" (R² {r2:.5f})" if r2 is not None else " (too few steps to say how well)")
-        )
-        br = lc.get("branch")
-        if br is not None:
-            lines.append(
-                f"  branch runs ({br['steps']} steps, every group frozen in "
-                f"{100 * br['frozen_share']:.0f} % of the microbatches): kept "
-                f"{100 * br['kept']:.1f} % of the progress, the curves predicted "
-                f"{100 * br['kept_predicted']:.1f} %"
-            )
-    if report.order_ok:
-        lines.append("action order: every rank ran exactly the schedule's order")
-    else:
-        lines.append(
-            "action order differs from the schedule: " + "; ".join(report.order_mismatches)
-        )
-    lines.extend(f"warning: {w}" for w in report.warnings)
-    if report.path is not None:
-        lines.append(f"profile written to {report.path}")
-    return "\n".join(lines)
 
 
 # --- one rank -----------------------------------------------------------------------------------
