@@ -430,7 +430,7 @@ def schedule_microbatches(schedule: Any) -> int:
 
 def wrapped_by(module: Any) -> str | None:
     """The data-parallel wrapper on `module` or one of its submodules — FSDP2 (`fully_shard`),
-    FSDP or DDP — or None. `enable_freezing` handles FSDP2 exactly (`_graph_params`) and refuses
+    FSDP or DDP — or None. `enable_freezing` handles FSDP2 exactly and refuses
     the other two; freezeopt's own jobs take unwrapped stages only."""
     import torch
 
@@ -481,28 +481,6 @@ def _fsdp_index(module: Any) -> dict[int, Any]:
     return out
 
 
-def _graph_params(module: Any) -> Callable[[Any], Any]:
-    """A map from a parameter of `module`, in any of the forms FSDP2 gives it, to the tensor
-    autograd accumulates into during a backward — or None for an FSDP2 parameter never
-    all-gathered (in no graph yet).
-
-    FSDP2 (`fully_shard`) registers sharded DTensor parameters; forward runs on an unsharded copy
-    of each (a persistent `nn.Parameter` it all-gathers into), and the backward's gradients land
-    there before FSDP2 reduce-scatters them into the sharded parameters' `.grad`. A backward
-    restricted to some parameters must therefore name the unsharded copies. Without FSDP2 every
-    parameter maps to itself.
-    """
-    index = _fsdp_index(module)
-    if not index:
-        return lambda p: p
-
-    def resolve(p: Any) -> Any:
-        fp = index.get(id(p))
-        return p if fp is None else getattr(fp, "_unsharded_param", None)
-
-    return resolve
-
-
 def enable_freezing(
     stage: Any,
     groups: Sequence[Sequence[Any]],
@@ -541,11 +519,23 @@ def enable_freezing(
         check(stage.stage_index, groups)
 
     current: dict[str, int] = {}
-    index = _fsdp_index(stage.submod)  # one FSDP2 parameter, whatever form it has now: one key
+    # FSDP2 (`fully_shard`) registers sharded DTensor parameters; forward runs on an unsharded
+    # copy of each (a persistent `nn.Parameter` it all-gathers into), and the backward's gradients
+    # land there before FSDP2 reduce-scatters them into the sharded parameters' `.grad`. A
+    # backward restricted to some parameters must name the unsharded copies. Each FSDP2
+    # parameter, whatever form it has, is keyed by its `FSDPParam` (which lives as long as the
+    # module); without FSDP2 every parameter is its own key and its own graph tensor.
+    index = _fsdp_index(stage.submod)
 
     def key(p: Any) -> int:
         fp = index.get(id(p))
         return id(p) if fp is None else id(fp)
+
+    def graph(p: Any) -> Any:
+        """The tensor autograd accumulates `p`'s gradient into, or None for an FSDP2 parameter
+        never all-gathered (in no graph yet)."""
+        fp = index.get(id(p))
+        return p if fp is None else getattr(fp, "_unsharded_param", None)
 
     grouped = {key(p) for g in groups for p in g}
     always = [p for p in stage.submod.parameters() if p.requires_grad and key(p) not in grouped]
@@ -580,7 +570,6 @@ def enable_freezing(
         )
         if not off and not cut:
             return orig_dispatch(backward_type, bwd_kwargs, last_backward=last_backward)
-        graph = _graph_params(stage.submod)
         if sharded:
             # as torch's own dispatch does: accumulate unsharded, reduce once after the last
             # backward (`perform_reduce_grad`); left at their defaults, FSDP2 would reduce-scatter
