@@ -28,9 +28,15 @@ from typing import Any
 
 from torchtitan.train import Trainer
 
-from freezeopt.errors import InputError, MismatchError
-from freezeopt.formats.schedule import Schedule, load_schedule
+from freezeopt.errors import InputError, MismatchError, short
+from freezeopt.formats.schedule import (
+    PipelineShape,
+    Schedule,
+    load_schedule,
+    pipeline_difference,
+)
 from freezeopt.torchpp.adapter import (
+    V_SCHEDULES,
     enable_freezing,
     scale_group_grads,
     schedule_microbatches,
@@ -172,6 +178,9 @@ class Freezer:
                 self.ctrl.input_grad_needed,
             )
         self.keys = [(s, g) for s in range(pipe.n_stages) for g in pipe.groups[s]]
+        self.slot = {
+            (s, g): i for i, (s, g) in enumerate(self.keys)
+        }  # a group's place in `end`'s vector
         self.replicas = pd.dp_replicate
         self.has_last = trainer.pp_has_last_stage
         folder = cfg.log_dir or str(Path(trainer.job_config.job.dump_folder) / "freezeopt")
@@ -191,41 +200,48 @@ class Freezer:
                 flush=True,
             )
         self._opened = False
-        self.phase = self.ctrl.phase
 
     def _check_pipeline(self, schedule: Schedule, job_config: Any, pp_rank: int) -> None:
-        """The schedule must have been solved for the pipeline torchtitan built."""
+        """The schedule must have been solved for the pipeline torchtitan built: freezeopt's one
+        fit check (`pipeline_difference`) on torchtitan's schedule, ranks, stages, microbatches
+        and stage placement (torchtitan's `pipeline_module_split`: looped, or V for the V
+        schedules). The groups are checked stage by stage where they are built."""
+        from torch.distributed.pipelining.schedules import get_schedule_class
+
         pipe = schedule.pipeline
         par = job_config.parallelism
-        csv = par.pipeline_parallel_schedule_csv
-        want = f"csv:{Path(csv).name}" if csv else par.pipeline_parallel_schedule
-        got = (
-            pipe.schedule
-            if not pipe.schedule.startswith("csv:")
-            else f"csv:{Path(pipe.schedule[4:]).name}"
+        pp, csv = par.pipeline_parallel_degree, par.pipeline_parallel_schedule_csv
+        n_stages = pp * len(self.stages)
+        if csv:  # a CSV schedule: the same file name (its contents are the user's to keep equal)
+            label = f"csv:{Path(csv).name}"
+        else:
+            label = par.pipeline_parallel_schedule
+            if not pipe.schedule.startswith("csv:") and (
+                get_schedule_class(pipe.schedule) is get_schedule_class(label)
+            ):
+                label = pipe.schedule  # the same schedule: torch's names are case-insensitive
+        cls = None if csv else get_schedule_class(label)
+        v = cls is not None and any(get_schedule_class(n) is cls for n in V_SCHEDULES)
+        shape = PipelineShape(
+            schedule=label,
+            world_size=pp,
+            n_stages=n_stages,
+            n_microbatches=schedule_microbatches(self.trainer.pp_schedule),
+            stage_to_rank=tuple(
+                (s if s < pp else 2 * pp - 1 - s) if v else s % pp for s in range(n_stages)
+            ),
+            groups=None,
         )
-        n_stages = par.pipeline_parallel_degree * len(self.stages)
-        m = schedule_microbatches(self.trainer.pp_schedule)
-        wrong = []
-        if got != want:
-            wrong.append(f"schedule {pipe.schedule} (torchtitan runs {want})")
-        if pipe.n_stages != n_stages or pipe.world_size != par.pipeline_parallel_degree:
-            wrong.append(
-                f"{pipe.n_stages} stages on {pipe.world_size} ranks (torchtitan: {n_stages} on "
-                f"{par.pipeline_parallel_degree})"
-            )
-        elif any(pipe.stage_to_rank[st.stage_index] != pp_rank for st in self.stages):
-            wrong.append("stages placed on other ranks than torchtitan places them")
-        if pipe.n_microbatches != m:
-            wrong.append(
-                f"{pipe.n_microbatches} microbatches (torchtitan: {m}, local_batch_size / "
-                "pipeline_parallel_microbatch_size)"
-            )
-        if wrong:
+        diff = pipeline_difference(schedule, shape)
+        mine = [st.stage_index for st in self.stages]
+        if diff is None and any(shape.stage_to_rank[s] != pp_rank for s in mine):
+            diff = (f"the rank of stages {mine}", [shape.stage_to_rank[s] for s in mine], pp_rank)
+        if diff is not None:
+            what, a, b = diff
             raise MismatchError(
-                "the freeze schedule was solved for another pipeline: "
-                + "; ".join(wrong)
-                + "; profile a job spec with torchtitan's pipeline and solve it again"
+                f"the freeze schedule was solved for another pipeline: {what} is {short(a)} in the "
+                f"schedule but {short(b)} in this torchtitan job; profile a job spec with "
+                "torchtitan's pipeline and solve it again"
             )
 
     def begin(self, step: int) -> None:
@@ -233,17 +249,16 @@ class Freezer:
             self.log.open(step)
             self._opened = True
         self.log.add_events(self.ctrl.begin_step(step))
-        self.phase = self.ctrl.phase
 
     def end(self, loss: Any, fb_ms: float) -> None:
         import torch
         import torch.distributed as dist
 
         ctrl = self.ctrl
+        phase, freezing = ctrl.phase, ctrl.freezing  # this step's, before drift may change them
         for st in self.stages:
             scale_group_grads(self.groups[st.stage_index], ctrl.grad_scales(st.stage_index))
         n = len(self.keys)
-        index = {k: i for i, k in enumerate(self.keys)}
         vec = torch.zeros(1 + 2 * n, dtype=torch.float64)
         if self.has_last:
             vec[0] = float(loss.detach().double().sum())
@@ -255,7 +270,7 @@ class Freezer:
                 if not grads:
                     continue
                 sq = sum(float(_local(gr).double().pow(2).sum()) for gr in grads)
-                i = index[(s, names[s][g])]
+                i = self.slot[(s, names[s][g])]
                 vec[1 + i], vec[1 + n + i] = sq, 1.0
         tvec = torch.tensor([fb_ms], dtype=torch.float64)
         device = self.trainer.device
@@ -270,14 +285,13 @@ class Freezer:
             if float(vec[1 + n + i]) > 0.5
         }
         step_ms = float(tvec[0])
-        freezing = ctrl.freezing
         predicted = ctrl.expected_step_ms() if freezing else None
         decision = ctrl.end_step(loss=loss_v, grad_norms=norms, step_ms=step_ms)
         self.log.add_events(list(decision.events))
         self.log.add_metrics(
             {
                 "step": ctrl.step,
-                "phase": self.phase,
+                "phase": phase,
                 "freezing": freezing,
                 "loss": loss_v,
                 "step_ms": step_ms,
