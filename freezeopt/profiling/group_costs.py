@@ -31,10 +31,77 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["WARMUP_ROUNDS", "CostMeter"]
+__all__ = ["WARMUP_ROUNDS", "Capture", "CostMeter", "cost_mode"]
 
 WARMUP_ROUNDS = 2
 """Rounds run before the ones kept (allocator and caches settle)."""
+
+
+def cost_mode(rank_actions: Sequence[Any], stage: int) -> str:
+    """How `stage`'s weight gradients run in the schedule, from its rank's actions: `split` when
+    they run in W actions after an I (never stage 0, whose W is torch's whole backward), else
+    `full`."""
+    acts = [a for a in rank_actions if a.stage == stage]
+    n_w = sum(a.kind == "W" for a in acts)
+    n_b = sum(a.kind == "B" for a in acts)
+    return "split" if stage != 0 and n_w > n_b else "full"
+
+
+class Capture:
+    """What a measured step's microbatch 0 leaves for `CostMeter` (per stage: its input and the
+    gradient that came back for its output; the last stage's target) and each stage's output
+    shape (for the lag ping-pong), taken by forward hooks on the stage modules.
+
+    `current()` names the action running (`(stage, kind, microbatch)` or None); the owner sets
+    `recording` in measured steps and `on` in the step to capture."""
+
+    def __init__(self, last: int, current: Callable[[], tuple[int, str, int] | None]) -> None:
+        self.last, self.current = last, current
+        self.on = False
+        self.recording = False
+        self.inputs: dict[int, tuple[Any, ...]] = {}
+        self.grads: dict[int, list[Any]] = {}
+        self.target: Any = None
+        self.act_shapes: dict[int, tuple[tuple[int, ...], str]] = {}
+
+    def hook(self, mod: Any, s: int) -> None:
+        """Hook stage `s`'s module `mod`."""
+        mod.register_forward_pre_hook(self._pre_hook(s))
+        mod.register_forward_hook(self._post_hook(s))
+
+    def take_target(self, target: Any) -> None:
+        """Keep the last stage's target of microbatch 0 (call it from the loss)."""
+        self.target = target.detach().clone() if hasattr(target, "detach") else target
+
+    def _pre_hook(self, s: int) -> Callable[..., None]:
+        def hook(mod: Any, args: tuple[Any, ...]) -> None:
+            if self.on and self.current() == (s, "F", 0):
+                self.inputs[s] = tuple(
+                    a.detach().clone().requires_grad_(a.requires_grad)
+                    if hasattr(a, "detach")
+                    else a
+                    for a in args
+                )
+
+        return hook
+
+    def _post_hook(self, s: int) -> Callable[..., None]:
+        def hook(mod: Any, args: tuple[Any, ...], out: Any) -> None:
+            if self.current() != (s, "F", 0) or not self.recording:
+                return
+            outs = out if isinstance(out, tuple) else (out,)
+            if s not in self.act_shapes and hasattr(outs[0], "shape"):
+                self.act_shapes[s] = (tuple(outs[0].shape), str(outs[0].dtype))
+            if self.on and s != self.last:
+                slots: list[Any] = [None] * len(outs)
+                self.grads[s] = slots
+                for i, t in enumerate(outs):
+                    if getattr(t, "requires_grad", False):
+                        t.register_hook(
+                            lambda g, i=i, slots=slots: slots.__setitem__(i, g.detach().clone())
+                        )
+
+        return hook
 
 
 class CostMeter:

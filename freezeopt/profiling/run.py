@@ -85,7 +85,8 @@ from freezeopt.profiling.assemble import (
     assemble,
     format_report,
 )
-from freezeopt.profiling.group_costs import CostMeter
+from freezeopt.profiling.group_costs import Capture, CostMeter, cost_mode
+from freezeopt.profiling.lags import measure_lags
 from freezeopt.profiling.loss_cost import LcaTracker, branch_frozen
 from freezeopt.torchpp.faults import RANK_FAULTS, Fault, parse_faults
 from freezeopt.torchpp.job import Job, open_job
@@ -120,9 +121,6 @@ __all__ = [
     "format_report",
     "profile_job",
 ]
-
-_LAG_WARMUP = 5
-
 
 # --- public API ---------------------------------------------------------------------------------
 
@@ -236,12 +234,8 @@ class _Runner:
         self.records: list[list[Any]] = []
         self.pending_loss: list[Any] | None = None
         self.stash: dict[int, dict[int, list[Any]]] = {}
-        self.capture = False
         self.cur: tuple[int, str, int] | None = None
-        self.captured_in: dict[int, tuple[Any, ...]] = {}
-        self.captured_grads: dict[int, list[Any]] = {}
-        self.captured_target: Any = None
-        self.act_shapes: dict[int, tuple[tuple[int, ...], str]] = {}
+        self.cap = Capture(self.last, lambda: self.cur)
         self.warnings: list[str] = []
 
     # -- setup --
@@ -259,8 +253,7 @@ class _Runner:
         self.sched = make_schedule(rp, loss_fn=self._loss, scale_grads=not self.job.gradient_traces)
         for st in self.pstages:
             torch_pp.instrument_stage(st, self._make_around(st.stage_index))
-            self.mods[st.stage_index].register_forward_pre_hook(self._make_pre_hook(st.stage_index))
-            self.mods[st.stage_index].register_forward_hook(self._make_post_hook(st.stage_index))
+            self.cap.hook(self.mods[st.stage_index], st.stage_index)
         all_params = [p for s in self.my for p in self.params[s]]
         self.apf_e = [torch.zeros_like(p) for p in all_params]
         self.apf_a = [torch.zeros_like(p) for p in all_params]
@@ -326,41 +319,9 @@ class _Runner:
         if rec is not None:
             rec[5] = time.perf_counter()
             rec[6] = self.clock.extend(rec[6], tok)
-            if self.capture and rec[1] == self.last and rec[3] == 0:
-                self.captured_target = (
-                    target.detach().clone() if hasattr(target, "detach") else target
-                )
+            if self.cap.on and rec[1] == self.last and rec[3] == 0:
+                self.cap.take_target(target)
         return loss
-
-    def _make_pre_hook(self, s: int) -> Callable[..., None]:
-        def hook(mod: Any, args: tuple[Any, ...]) -> None:
-            if self.capture and self.cur == (s, "F", 0):
-                self.captured_in[s] = tuple(
-                    a.detach().clone().requires_grad_(a.requires_grad)
-                    if hasattr(a, "detach")
-                    else a
-                    for a in args
-                )
-
-        return hook
-
-    def _make_post_hook(self, s: int) -> Callable[..., None]:
-        def hook(mod: Any, args: tuple[Any, ...], out: Any) -> None:
-            if self.cur != (s, "F", 0) or not self.recording:
-                return
-            outs = out if isinstance(out, tuple) else (out,)
-            if s not in self.act_shapes and hasattr(outs[0], "shape"):
-                self.act_shapes[s] = (tuple(outs[0].shape), str(outs[0].dtype))
-            if self.capture and s != self.last:
-                slots: list[Any] = [None] * len(outs)
-                self.captured_grads[s] = slots
-                for i, t in enumerate(outs):
-                    if getattr(t, "requires_grad", False):
-                        t.register_hook(
-                            lambda g, i=i, slots=slots: slots.__setitem__(i, g.detach().clone())
-                        )
-
-        return hook
 
     def _stash_grads(self, s: int, mb: int) -> None:
         got = [p.grad for p in self.params[s]]
@@ -397,8 +358,8 @@ class _Runner:
         apf: dict[tuple[int, str], list[float]] = {}
         for step in range(total):
             self.step_idx = self.beat.step = step
-            self.recording = step >= job.warmup_steps
-            self.capture = step == total - 1
+            self.recording = self.cap.recording = step >= job.warmup_steps
+            self.cap.on = step == total - 1
             self.beat.set_phase("measure" if self.recording else "warmup")
             if self.lca is not None and step == job.warmup_steps:
                 self.lca.start(self._probe)  # the probe loss and its gradient before the step
@@ -448,7 +409,7 @@ class _Runner:
                         mb_sq.setdefault(key, []).append(mbs)
                         step_sq.setdefault(key, []).append(st)
             self.beat.tick(2 + step)
-        self.recording = self.capture = False
+        self.recording = self.cap.recording = self.cap.on = False
         branch = None
         if self.lca is not None and job.branch_steps > 0 and self.M >= 2:
             self.beat.set_phase("branches")
@@ -462,13 +423,21 @@ class _Runner:
             last=self.last,
             clock=self.clock,
             beat=self.beat,
-            captured_in=self.captured_in,
-            captured_grads=self.captured_grads,
-            captured_target=self.captured_target,
-        ).group_costs({s: self._cost_mode(s) for s in self.my}, self.job.cost_samples)
+            captured_in=self.cap.inputs,
+            captured_grads=self.cap.grads,
+            captured_target=self.cap.target,
+        ).group_costs(self._cost_modes(), self.job.cost_samples)
         self.beat.tick(2 + total)
         self.beat.set_phase("lags")
-        pingpong, shapes = self._pingpong()
+        pingpong, shapes = measure_lags(
+            self.rank,
+            self.plan.stage_rank,
+            self.cap.act_shapes,
+            device=self.device,
+            clock=self.clock,
+            samples=self.job.lag_samples,
+            beat=self.beat,
+        )
         self.beat.tick(3 + total)
         val_after = self._val_loss()
         if val_after is not None and not math.isfinite(val_after):
@@ -497,7 +466,7 @@ class _Runner:
             step_sq={k: tuple(v) for k, v in step_sq.items()},
             apf={k: tuple(v) for k, v in apf.items()},
             cost_rounds=cost_rounds,
-            cost_modes={s: self._cost_mode(s) for s in self.my},
+            cost_modes=self._cost_modes(),
             all_grouped={s: self.rp.all_grouped[s] for s in self.my},
             pingpong=pingpong,
             act_shapes=shapes,
@@ -612,58 +581,8 @@ class _Runner:
                     out[(s, g)] = min(1.0, n / d_) if d_ > 0 else 0.0
         return out
 
-    def _cost_mode(self, s: int) -> str:
-        """`split` when the stage's weight gradients run in W actions after an I (not stage 0), else `full`."""
-        acts = [a for a in self.plan.rank_actions[self.rank] if a.stage == s]
-        n_w = sum(a.kind == "W" for a in acts)
-        n_b = sum(a.kind == "B" for a in acts)
-        return "split" if s != 0 and n_w > n_b else "full"
-
-    def _pingpong(
-        self,
-    ) -> tuple[dict[tuple[int, int], tuple[float, ...]], dict[int, tuple[tuple[int, ...], str]]]:
-        """Round trips of each cross-rank activation's size between the two ranks (one pair at a time)."""
-        import torch
-        import torch.distributed as dist
-
-        gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, self.act_shapes)
-        shapes: dict[int, tuple[tuple[int, ...], str]] = {}
-        for d in gathered:
-            shapes.update(d)
-        sr = self.plan.stage_rank
-        pairs = sorted(
-            {
-                (sr[s], sr[s + 1], shapes[s])
-                for s in range(self.plan.n_stages - 1)
-                if sr[s] != sr[s + 1] and s in shapes
-            }
-        )
-        out: dict[tuple[int, int], tuple[float, ...]] = {}
-        for ra, rb, (shape, dtype) in pairs:
-            dist.barrier()
-            if self.rank not in (ra, rb):
-                continue
-            buf = torch.zeros(
-                shape, dtype=getattr(torch, dtype.replace("torch.", "")), device=self.device
-            )
-            samples = []
-            for i in range(_LAG_WARMUP + self.job.lag_samples):
-                if self.rank == ra:
-                    t0 = time.perf_counter()
-                    dist.send(buf, rb)
-                    dist.recv(buf, rb)
-                    self.clock.sync()
-                    if i >= _LAG_WARMUP:
-                        samples.append((time.perf_counter() - t0) * 1e3 / 2)
-                else:
-                    dist.recv(buf, ra)
-                    dist.send(buf, ra)
-            self.beat.tick()
-            if self.rank == ra:
-                out[(ra, rb)] = tuple(samples)
-        dist.barrier()
-        return out, shapes
+    def _cost_modes(self) -> dict[int, str]:
+        return {s: cost_mode(self.plan.rank_actions[self.rank], s) for s in self.my}
 
     # -- what freezing costs (freezeopt.profiling.loss_cost) --
 
