@@ -2,8 +2,8 @@
 #   make demo    profile the built-in job for real → solve → train with the schedule → Gantt (files in out/)
 #   make test    the test suite (installs the freezeopt[hf], [mlflow], [tensorboard] and [torchtitan] extras: their tests run too)
 #   make hf-example  a pretrained SmolLM2-135M fine-tuned offline: profile → solve → train (out/smollm2/)
-#   make torchtitan-example  torchtitan's llama3 debug model: profile → solve → torchtitan's trainer with the
-#                schedule, pipeline 2 × FSDP2 2 on 4 ranks (out/torchtitan/)
+#   make torchtitan-example  torchtitan's llama3 debug model: profiled by torchtitan's trainer (pipeline 2) →
+#                solve → torchtitan's trainer with the schedule, pipeline 2 × FSDP2 2 on 4 ranks (out/torchtitan/)
 #   make pretrained  the built-in GPT trained 1500 steps on code, which `tiny-gpt-docs` fine-tunes (once, ~7 min)
 #   make bench   the benchmark scripts' own tests, then time to quality (fine-tuning and from scratch) → benchmarks/TTQ.md;
 #                torchtitan's trainer with a schedule, measured against the prediction → benchmarks/torchtitan.md;
@@ -80,8 +80,9 @@ demo: install
 torchtitan-example: $(TITAN_STAMP)
 	mkdir -p out/torchtitan
 	$(BIN)/python -m freezeopt.torchtitan.data out/torchtitan/tokenizer
-	$(BIN)/freezeopt profile torchtitan-llama3 -o out/torchtitan/profile.json
-	$(BIN)/freezeopt solve out/torchtitan/profile.json --objective step --budget 0.2 -o out/torchtitan/schedule.yaml
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --nproc_per_node 2 -m freezeopt.torchtitan \
+		--job.config_file freezeopt/examples/torchtitan-llama3-profile.toml
+	$(BIN)/freezeopt solve out/torchtitan/profile.json --budget 0.2 -o out/torchtitan/schedule.yaml
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --nproc_per_node 4 -m freezeopt.torchtitan \
 		--job.config_file freezeopt/examples/torchtitan-llama3.toml
 

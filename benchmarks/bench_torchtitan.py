@@ -1,7 +1,9 @@
 """torchtitan with a freeze schedule: measured step time against freezeopt's prediction.
 
-Profiles and solves the built-in `torchtitan-llama3` job (torchtitan's llama3 debug model split as
-torchtitan splits it), then runs torchtitan's own trainer (`python -m freezeopt.torchtitan`) with
+Profiles torchtitan's llama3 debug model with torchtitan's own trainer in profile mode
+(`freezeopt/examples/torchtitan-llama3-profile.toml`, pipeline degree 2) — or, with
+`--profiler freezeopt`, as the built-in `torchtitan-llama3` job in freezeopt's runtime — solves it,
+then runs torchtitan's own trainer (`python -m freezeopt.torchtitan`) with
 the schedule on pipeline degree 2 — the profiled pipeline — and, with `--fsdp`, also on pipeline
 degree 2 × FSDP2 shard degree 2 (4 ranks). Per layout and repeat, two runs in rotated order:
 `none` (the controller kept in warm-up for the whole run: same trainer, same all-reduces, no
@@ -87,13 +89,29 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--fsdp", action="store_true", help="also pipeline 2 × FSDP2 2 (4 ranks)")
+    ap.add_argument(
+        "--profiler",
+        choices=("torchtitan", "freezeopt"),
+        default="torchtitan",
+        help="who measures the profile: torchtitan's trainer (profile mode) or freezeopt's runtime",
+    )
     a = ap.parse_args()
     work = a.work
     work.mkdir(parents=True, exist_ok=True)
     write_tokenizer(work / "tokenizer")
     cli = [sys.executable, "-m", "freezeopt"]
     profile, schedule = work / "profile.json", work / "schedule.yaml"
-    _run([*cli, "profile", "torchtitan-llama3", "-o", str(profile)], timeout=1800)
+    if a.profiler == "freezeopt":
+        _run([*cli, "profile", "torchtitan-llama3", "-o", str(profile)], timeout=1800)
+    else:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(_port()), "-m", "freezeopt.torchtitan", "--job.config_file",
+            str(ROOT / "freezeopt/examples/torchtitan-llama3-profile.toml"),
+            "--model.hf_assets_path", str(work / "tokenizer"),
+            "--job.dump_folder", str(work / "profile-run"), "--freeze.profile", str(profile),
+        ]  # fmt: skip
+        _run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=1800)
     # a fixed budget: the step-time prediction under test, not the time-to-quality choice
     solve = ["solve", str(profile), "--budget", str(a.budget), "--objective", "step"]
     _run([*cli, *solve, "--sensitivity", "gns", "-o", str(schedule)], timeout=600)
@@ -105,6 +123,7 @@ def main() -> int:
         "baseline_ms": pred.baseline_ms,
         "budget": a.budget,
         "steps": a.steps,
+        "profiler": a.profiler,
         "layouts": {},
     }
     for label, shard in layouts:
@@ -144,7 +163,12 @@ def _report(res: dict[str, Any]) -> str:
         "Written by `benchmarks/bench_torchtitan.py` (`make bench`). torchtitan 0.2.2's trainer "
         "(`python -m freezeopt.torchtitan`) on the llama3 debug model, CPU, gloo, 1F1B with 8 "
         f"microbatches, {res['steps']} steps; the schedule solved at a fixed budget of {res['budget']} (`--objective step --sensitivity gns`) from "
-        "freezeopt's profile of the same stages (pipeline 2, no FSDP2). `none`: the same trainer "
+        + (
+            "torchtitan's trainer in profile mode (pipeline 2, no FSDP2). "
+            if res.get("profiler", "freezeopt") == "torchtitan"
+            else "freezeopt's profile of the same stages in its own runtime (pipeline 2, no FSDP2). "
+        )
+        + "`none`: the same trainer "
         "kept in warm-up; `freeze`: the schedule from step 5. Medians over steps "
         f"{FROM_STEP}+ (freezing steps only), repeats in rotated order; load: the 1-minute load "
         "average, the larger of start and end (2 cores).",

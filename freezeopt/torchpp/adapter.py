@@ -46,6 +46,7 @@ __all__ = [
     "schedule_microbatches",
     "schedule_stages",
     "torch_version",
+    "wrap_schedule_loss",
     "wrapped_by",
 ]
 
@@ -426,6 +427,14 @@ def schedule_stages(schedule: Any) -> list[Any]:
 def schedule_microbatches(schedule: Any) -> int:
     """The number of microbatches a built torch schedule splits each step into."""
     return int(schedule._n_microbatches)
+
+
+def wrap_schedule_loss(
+    schedule: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> None:
+    """Replace the loss function a built torch schedule calls on the last stage with
+    `wrap(loss_fn)` (torch reads it at each call: `_PipelineSchedule._compute_loss`)."""
+    schedule._loss_fn = wrap(schedule._loss_fn)
 
 
 def wrapped_by(module: Any) -> str | None:

@@ -26,6 +26,13 @@ class Freeze:
     """A full-update step every this many steps while freezing; unset: the schedule's own."""
     rescale: bool = True
     """Scale a group's gradient by M/(M−k) when it is frozen in k of M microbatches."""
+    profile: str = ""
+    """Measure the job and write a freezeopt profile (JSON) here for `freezeopt solve`; empty: no
+    profiling. Not with `schedule`; the pipeline alone (data parallel degrees 1)."""
+    profile_warmup_steps: int = 3
+    """Steps run before the measured ones (the first includes torch's one-time setup)."""
+    profile_steps: int = 12
+    """Steps measured; training goes on to `training.steps` after them."""
 
 
 @dataclass

@@ -1,4 +1,7 @@
-"""`FreezeTrainer`: torchtitan's `Trainer`, replaying a freeze schedule.
+"""`FreezeTrainer`: torchtitan's `Trainer`, replaying a freeze schedule or profiling the job.
+
+With `[freeze] profile` the trainer measures its first steps into a freezeopt profile
+(`freezeopt.torchtitan.profile`); with `[freeze] schedule` it replays a schedule, as follows.
 
 torchtitan builds its model, its stages (stock `PipelineStage`s, FSDP2-sharded where data
 parallelism shards) and its pipeline schedule as usual; then `Freezer` takes the schedule file of
@@ -59,21 +62,43 @@ class FreezeTrainer(Trainer):
             sum_reductions(self.model_parts)
         cfg = getattr(job_config, "freeze", None)
         self.freezer: Freezer | None = None
+        self.profiler: Any = None
         self._freeze_state = True  # False while loading a checkpoint saved without it
-        if cfg is not None and cfg.schedule:
+        if cfg is not None and (cfg.schedule or cfg.profile):
             try:
-                self.freezer = Freezer(self, cfg)
+                if cfg.schedule and cfg.profile:
+                    raise InputError(
+                        "freeze.profile and freeze.schedule are both set: profile the job "
+                        "first (without a schedule), then replay the schedule solved from it"
+                    )
+                if cfg.profile:
+                    from freezeopt.torchtitan.profile import Profiler
+
+                    self.profiler = Profiler(self, cfg)
+                else:
+                    self.freezer = Freezer(self, cfg)
             except BaseException:
                 self.close()  # torchtitan's main holds no trainer yet: close what it opened
                 raise
-            self._load_with_or_without_freeze_state()
+            if self.freezer is not None:
+                self._load_with_or_without_freeze_state()
 
     def train_step(self, data_iterator: Any) -> None:
+        step = self.step - 1  # torchtitan counts steps from 1
         if self.freezer is not None:
-            self.freezer.begin(self.step - 1)  # torchtitan counts steps from 1
+            self.freezer.begin(step)
+        if self.profiler is not None:
+            self.profiler.begin(step)
         super().train_step(data_iterator)
+        if self.profiler is not None:
+            self.profiler.end(step)
 
     def forward_backward_step(self, **kwargs: Any) -> Any:
+        if self.profiler is not None:
+            return self.profiler.forward_backward(
+                lambda: super(FreezeTrainer, self).forward_backward_step(**kwargs),
+                kwargs["labels"],
+            )
         if self.freezer is None:
             return super().forward_backward_step(**kwargs)
         from torchtitan.tools import utils
