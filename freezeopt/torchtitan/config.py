@@ -3,7 +3,7 @@
 torchtitan's config manager merges the `JobConfig` of a module named by
 `--job.custom_config_module` (or `[job] custom_config_module` in the TOML file) into its own, and
 every field becomes a flag (`--freeze.schedule out/schedule.yaml`). `python -m freezeopt.torchtitan`
-names this module itself. With no schedule the trainer is torchtitan's own. (No postponed
+names this module itself. With neither a schedule nor a profile the trainer is torchtitan's own. (No postponed
 annotations here: torchtitan resolves these fields' types in a dataclass it makes elsewhere.)
 """
 

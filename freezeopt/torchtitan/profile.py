@@ -8,9 +8,9 @@ With `[freeze] profile = "out/profile.json"` torchtitan trains as usual, and its
   (`instrument_stage`; thread CPU time on CPU, CUDA events on GPU), the last stage's loss counted
   in its forward; each step's pipeline step runs from a barrier, the optimizer step is timed apart;
 * gradient traces: each backward action's gradients are moved aside after it (so each is that
-  microbatch's alone) and summed back into `.grad` in microbatch order when the pipeline step
-  ends, before torchtitan clips and steps; divided by the microbatch's token count (torchtitan's
-  loss is the token sum) they are the gradients of each microbatch's mean loss, as freezeopt's own
+  microbatch's alone) and summed back into `.grad` in the order the backwards ran when the
+  pipeline step ends, before torchtitan clips and steps; divided by the microbatch's token count
+  (torchtitan backpropagates the token sum) they are the gradients of each microbatch's mean loss, as freezeopt's own
   profiler records them, and the step's is the sum over the step's tokens. This holds every
   microbatch's gradient until the step ends (memory: microbatches × parameters);
 * after the last measured step: each group's weight-gradient cost and what backward truncation
@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from freezeopt.errors import DivergedError, InputError, MismatchError
+from freezeopt.errors import DivergedError, FreezeoptError, InputError, MismatchError
 from freezeopt.fileio import check_output_file
 from freezeopt.formats.fingerprint import fingerprint
 from freezeopt.torchpp.adapter import (
@@ -139,6 +139,13 @@ class Profiler:
                 "supported in profile mode: set training.global_batch_size to "
                 "training.local_batch_size"
             )
+        attn = getattr(getattr(trainer, "model_args", None), "attn_type", "sdpa")
+        if attn != "sdpa":
+            raise InputError(
+                f"profile mode measures models with sdpa attention, and this flavor uses {attn} "
+                "(its masks travel as keyword arguments the cost measurement does not replay): "
+                "profile an sdpa flavor of the same sizes"
+            )
         w, n = cfg.profile_warmup_steps, cfg.profile_steps
         if w < 1 or n < 1:
             raise InputError(
@@ -198,9 +205,12 @@ class Profiler:
         self._opt_step = opt.step
         opt.step = self._timed_optimizer_step
 
-        self.step_idx = -1
+        self.first: int | None = None  # torchtitan's step profiling started at
+        self.step_idx = -1  # steps since then
         self.recording = False
+        self.active = False  # inside a training step's pipeline step (not validation's)
         self.done = False
+        self.order: dict[int, list[int]] = {}
         self.records: list[list[Any]] = []
         self.stash: dict[int, list[list[Any]]] = {}
         self.pending_loss: list[Any] | None = None
@@ -225,6 +235,8 @@ class Profiler:
 
     def _around(self, s: int) -> Callable[[str, int, Callable[[], Any]], Any]:
         def around(kind: str, mb: int, run: Callable[[], Any]) -> Any:
+            if not self.active:  # validation's forwards, and everything once profiling is done
+                return run()
             self.cur = (s, kind, mb)
             c0 = self.clock.start()
             t0 = time.perf_counter()
@@ -259,11 +271,15 @@ class Profiler:
     def _stash(self, s: int, mb: int) -> None:
         """Move the gradients the backward action of microbatch `mb` left aside (a pointer move,
         after the action's timing): each backward starts from no gradient, so each stashed one
-        is that microbatch's alone."""
+        is that microbatch's alone. The order the microbatches' gradients came in is kept: it is
+        the order autograd would have summed them in."""
+        slot = self.stash[s][mb]
         for i, p in enumerate(self.params[s]):
             if p.grad is not None:
-                self.stash[s][mb][i] = p.grad
+                slot[i] = p.grad if slot[i] is None else slot[i] + p.grad
                 p.grad = None
+                if mb not in self.order[s]:
+                    self.order[s].append(mb)
 
     def _timed_optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         tok = self.clock.start()
@@ -279,12 +295,18 @@ class Profiler:
     # -- a step --
 
     def begin(self, step: int) -> None:
-        """Before torchtitan's step `step` (0-based)."""
+        """Before torchtitan's step `step` (0-based; a job resumed from a checkpoint starts
+        profiling where it resumed)."""
+        if self.done:
+            return
+        if self.first is None:
+            self.first = step
+        k = self.step_idx = step - self.first
         w = self.job.warmup_steps
-        self.step_idx = step
-        self.recording = self.cap.recording = w <= step < w + self.job.measure_steps
-        self.cap.on = step == w + self.job.measure_steps - 1
+        self.recording = self.cap.recording = w <= k < w + self.job.measure_steps
+        self.cap.on = k == w + self.job.measure_steps - 1
         self.stash = {s: [[None] * len(self.params[s]) for _ in range(self.M)] for s in self.my}
+        self.order = {s: [] for s in self.my}
 
     def forward_backward(self, run: Callable[[], Any], labels: Any) -> Any:
         """torchtitan's pipeline step (`run`), timed from a barrier, with the step's gradient
@@ -293,8 +315,14 @@ class Profiler:
         import torch.distributed as dist
         from torchtitan.components.loss import IGNORE_INDEX
 
+        if self.done:
+            return run()
         if not self.recording:
-            loss = run()
+            self.active = True
+            try:
+                loss = run()
+            finally:
+                self.active = False
             if self.last in self.my:  # the profile keeps the warm-up's losses too
                 self.losses.append(float(loss.detach().double().sum()))
             return loss
@@ -302,7 +330,11 @@ class Profiler:
         n_rec = len(self.records)
         dist.barrier()
         t0 = time.perf_counter()
-        loss = run()
+        self.active = True
+        try:
+            loss = run()
+        finally:
+            self.active = False
         self.clock.sync()
         t1 = time.perf_counter()
         for rec in self.records[n_rec:]:
@@ -314,8 +346,8 @@ class Profiler:
         return loss
 
     def _restore_grads(self) -> None:
-        """Each parameter's `.grad` back to the sum of its microbatches' gradients, summed in
-        microbatch order as autograd accumulates them, before torchtitan clips and steps; and
+        """Each parameter's `.grad` back to the sum of its microbatches' gradients, summed in the
+        order their backwards ran, as autograd sums them, before torchtitan clips and steps; and
         the step's gradient traces: per group the squared norm of each microbatch's mean-loss
         gradient (its token-sum gradient over its tokens) and of the step's (the sum over all
         the step's tokens)."""
@@ -324,7 +356,7 @@ class Profiler:
             per_mb = self.stash[s]
             for i, p in enumerate(self.params[s]):
                 acc = None
-                for mb in range(self.M):
+                for mb in self.order[s]:
                     g = per_mb[mb][i]
                     if g is not None:
                         acc = g.clone() if acc is None else acc.add_(g)
@@ -341,14 +373,39 @@ class Profiler:
 
     def end(self, step: int) -> None:
         """After torchtitan's step `step`: after the last measured one, the cost measurement and
-        the lags, then the profile (rank 0 writes it)."""
-        if self.done or step != self.job.warmup_steps + self.job.measure_steps - 1:
+        the lags, then the profile (rank 0 writes it); then the instruments come off."""
+        if (
+            self.done
+            or step - (self.first or 0) != self.job.warmup_steps + self.job.measure_steps - 1
+        ):
             return
         self.done = True
         self.recording = self.cap.recording = self.cap.on = False
+        self.trainer.optimizers.step = self._opt_step
+        from datetime import timedelta
+
+        from torchtitan.distributed.utils import set_pg_timeouts
+
+        jc, pd = self.trainer.job_config, self.trainer.parallel_dims
+        # ranks wait in the gather for the slowest stage's cost rounds, far longer than
+        # torchtitan's training timeout allows a collective (minutes on a real model)
+        set_pg_timeouts(timedelta(seconds=max(3600, jc.comm.init_timeout_seconds)), pd)
         self._finish()
+        set_pg_timeouts(timedelta(seconds=jc.comm.train_timeout_seconds), pd)
+
+    def measured_steps_missing(self) -> str | None:
+        """Why no profile was written, where training ended before profiling did (or None)."""
+        if self.done:
+            return None
+        ran = 0 if self.first is None else self.step_idx + 1
+        return (
+            f"training ended after {ran} steps, before the {self.job.warmup_steps} + "
+            f"{self.job.measure_steps} steps profiling takes, so no profile was written: give it "
+            "more data or fewer steps (freeze.profile_steps)"
+        )
 
     def _finish(self) -> None:
+        import torch
         import torch.distributed as dist
 
         from freezeopt.profiling.assemble import RankResult
@@ -358,6 +415,13 @@ class Profiler:
         job = self.job
         modes = {s: cost_mode(self.plan.rank_actions[self.rank], s) for s in self.my}
         beat = _NoProgress()
+        # the cost rounds run extra forwards: buffers they update (a mixture of experts' token
+        # counts, say) and the random state go back as training left them
+        buffers = {
+            s: {n: b.detach().clone() for n, b in mod.named_buffers()}
+            for s, mod in self.mods.items()
+        }
+        rng = torch.get_rng_state()
         cost_rounds = CostMeter(
             mods=self.mods,
             params=self.params,
@@ -370,6 +434,11 @@ class Profiler:
             captured_grads=self.cap.grads,
             captured_target=self.cap.target,
         ).group_costs(modes, job.cost_samples)
+        with torch.no_grad():
+            for st, mod in self.mods.items():
+                for n, b in mod.named_buffers():
+                    b.copy_(buffers[st][n])
+        torch.set_rng_state(rng)
         pingpong, shapes = measure_lags(
             self.rank,
             self.plan.stage_rank,
@@ -410,11 +479,24 @@ class Profiler:
         )
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, result)
+        # every rank waits for rank 0's outcome: a rank that ran on and ended its job while rank
+        # 0 was still assembling took the process group down under it (gloo aborted the
+        # process), and a rank 0 that failed must stop every rank with its one line
+        outcome: list[Any] = [None]
+        failure: BaseException | None = None
         if dist.get_rank() == 0:
-            self._write(sorted(gathered, key=lambda r: r.rank))
-        # every rank waits for the file: a rank that ran on and ended its job while rank 0 was
-        # still assembling took the process group down under it (gloo aborted the process)
-        dist.barrier()
+            try:
+                self._write(sorted(gathered, key=lambda r: r.rank))
+            except Exception as e:
+                failure = e
+                code = e.exit_code if isinstance(e, FreezeoptError) else 1
+                outcome[0] = (type(e).__name__, str(e), code)
+        dist.broadcast_object_list(outcome, src=0)
+        if failure is not None:
+            raise failure
+        if outcome[0] is not None:  # every rank stops with rank 0's line and exit code
+            name, text, code = outcome[0]
+            raise type(name, (FreezeoptError,), {"exit_code": code})(text)
 
     def _write(self, results: list[Any]) -> None:
         from freezeopt.formats.profile import save_profile
@@ -422,11 +504,11 @@ class Profiler:
         from freezeopt.torchpp.launch import host_info, load_avg
 
         losses = results[self.plan.stage_rank[self.last]].losses
-        bad = [x for x in losses if not math.isfinite(x)]
+        bad = [(k, x) for k, x in enumerate(losses) if not math.isfinite(x)]
         if bad:
             raise DivergedError(
-                f"the training loss was {bad[0]} in a measured step: the run diverged, so no "
-                "profile was written; lower the learning rate or check the data"
+                f"the training loss was {bad[0][1]} in step {bad[0][0]} of the profiling: the "
+                "run diverged, so no profile was written; lower the learning rate or check the data"
             )
         host = host_info()
         host["load_avg_after"] = load_avg()

@@ -93,6 +93,12 @@ class FreezeTrainer(Trainer):
         if self.profiler is not None:
             self.profiler.end(step)
 
+    def train(self) -> None:
+        super().train()
+        missing = self.profiler.measured_steps_missing() if self.profiler is not None else None
+        if missing is not None:
+            raise InputError(missing)
+
     def forward_backward_step(self, **kwargs: Any) -> Any:
         if self.profiler is not None:
             return self.profiler.forward_backward(

@@ -167,6 +167,37 @@ def test_profiling_leaves_torchtitans_training_as_it_was(profiled: Path, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["LoopedBFS", "ZBVZeroBubble"])
+def test_multi_stage_schedules_profile_and_train_as_without(tmp_path: Path, schedule: str) -> None:
+    """Two stages per rank: looped placement whose backwards run last microbatch first
+    (LoopedBFS), and the V placement with split input and weight gradients (ZBVZeroBubble).
+    LoopedBFS validates every 2 steps in between (its forwards are not the profile's); torch
+    2.13's `eval` fails on V schedules (`can't steal_bwd_input`), with or without freezeopt."""
+    sched = ["--parallelism.pipeline_parallel_schedule", schedule]
+    val = [
+        "--validation.enable", "--validation.freq", "2", "--validation.steps", "1",
+        "--validation.dataset", "freezeopt-docs-val", "--validation.seq_len", "32",
+        "--validation.local_batch_size", str(M),
+    ] if schedule == "LoopedBFS" else []  # fmt: skip
+    profiled = _titan(tmp_path, "run", *sched, *val, *_profile_flags(tmp_path / "p.json"))
+    assert profiled.returncode == 0, profiled.stderr[-4000:]
+    plain = _titan(tmp_path, "plain", *sched, *val)
+    assert plain.returncode == 0, plain.stderr[-4000:]
+    assert _losses(profiled.stdout) == _losses(plain.stdout) != []
+    prof = load_profile(tmp_path / "p.json")
+    assert prof.extra["order_check"]["matches_schedule"]
+    assert prof.pipeline.n_stages == 4 and prof.pipeline.schedule == schedule
+    assert [st.rank for st in prof.stages] == (
+        [0, 1, 1, 0] if schedule == "ZBVZeroBubble" else [0, 1, 0, 1]
+    )
+    kinds = {a.action[1] for a in prof.actions}
+    assert {"I", "W"} <= kinds if schedule == "ZBVZeroBubble" else kinds == {"F", "B"}
+    # one forward per stage and microbatch per step: validation's forwards were not recorded
+    assert len([a for a in prof.actions if a.action[1] == "F"]) == 4 * M
+    assert all(len(t.step_sq_norms) == N for t in prof.gradients)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "shard", "says"),
     [
