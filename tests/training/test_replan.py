@@ -426,3 +426,77 @@ def test_replan_needs_a_schedule_and_a_fitting_profile(tmp_path: Path) -> None:
             ),
         )
     assert not (tmp_path / "x").exists()
+
+
+def _window(profile: Any, drops: dict[tuple[int, str], float], steps: int = 3) -> Any:
+    """`WindowCosts` whose probe loss falls by `drops[(stage, group)]` per group over `steps`."""
+    from freezeopt.training.replan import WindowCosts
+
+    per = {k: -d / steps for k, d in drops.items()}
+    loss = [4.0]
+    for _ in range(steps):
+        loss.append(loss[-1] + sum(per.values()))
+    return WindowCosts(
+        loss_change={k: (v,) * steps for k, v in per.items()}, probe_loss=tuple(loss)
+    )
+
+
+def test_replans_from_a_windows_loss_costs_open_and_close_the_gate(tmp_path: Path) -> None:
+    """A window whose progress comes from one group makes freezing the others pay (the re-plan
+    freezes them); one whose progress is spread evenly makes no plan pay (the re-plan freezes
+    nothing, and is adopted: the current plan's time to quality is then worse than not freezing).
+    The time-to-quality solve keeps the schedule's budget cap."""
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.schedule import Drift, Phases
+    from freezeopt.solver import SolveOptions
+    from tests.model.test_sensitivity import _probed
+
+    prof = synth_profile(SynthOptions(schedule="1F1B", ranks=2, microbatches=4, groups=4))
+    keys = [(st.stage, g.name) for st in prof.stages for g in st.groups]
+    even = {k: 0.1 for k in keys}
+    one = {k: (0.4 if k == keys[-1] else 0.0005) for k in keys}  # the last group's progress
+    prof = _probed(prof, even)
+    path = tmp_path / "p.json"
+    save_profile(prof, path)
+    phases = Phases(warmup_steps=2, full_update_every=0, drift=Drift(step_time_error=1e6))
+    opts = SolveOptions(budget=0.5, objective="ttq", sensitivity="measured")
+    _, sched = solve_file(path, opts, phases=phases, out=None)
+    assert not sched.frozen  # even shares: nothing pays
+    spec = ReplanSpec(profile=prof, profile_sha256=profile_sha256(prof), costs=True)
+    measured = {str(a): c for a, c in build_dag(prof).cost.items()}
+
+    opened = replan(spec, sched, measured, step=1, reason="costs", costs=_window(prof, one))
+    assert opened.adopted and opened.schedule.frozen, opened.why
+    new = opened.schedule
+    assert new.provenance.objective == "ttq" and new.provenance.budget_cap == 0.5
+    assert new.provenance.sensitivity == "measured"
+    assert new.prediction.time_to_quality < 0.95
+    assert new.prediction.signal_dropped <= 0.5 + 1e-9
+    frozen_groups = {(s, g) for s, per in new.frozen.items() for g in per}
+    assert (keys[-1][0], keys[-1][1]) not in frozen_groups  # the group that makes the progress
+
+    closed = replan(spec, new, measured, step=9, reason="costs", costs=_window(prof, even))
+    assert closed.adopted and not closed.schedule.frozen, closed.why
+    assert "no_gain" in closed.status or closed.schedule.prediction.time_to_quality == 1.0
+
+    # the same window again: the same plan, not adopted
+    again = replan(spec, new, measured, step=9, reason="costs", costs=_window(prof, one))
+    assert not again.adopted and again.why == "the same plan"
+
+
+def test_a_window_must_cover_every_group_and_its_steps() -> None:
+    from freezeopt.training.replan import WindowCosts, with_window_costs
+    from tests.model.test_sensitivity import _probed
+
+    prof = synth_profile(SynthOptions(schedule="1F1B", ranks=2, microbatches=4, groups=2))
+    keys = [(st.stage, g.name) for st in prof.stages for g in st.groups]
+    prof = _probed(prof, {k: 0.1 for k in keys})
+    got = with_window_costs(prof, _window(prof, {k: 0.2 for k in keys}, steps=2))
+    assert all(t.loss_change == (-0.1, -0.1) for t in got.gradients)
+    assert got.probe is not None and len(got.probe.loss) == 3
+    assert got.probe.batches == prof.probe.batches  # and the branch runs' calibration kept
+    with pytest.raises(ValueError, match="no loss change for stage"):
+        with_window_costs(prof, WindowCosts(loss_change={}, probe_loss=(1.0,)))
+    bad = _window(prof, {k: 0.2 for k in keys}, steps=2)
+    with pytest.raises(ValueError, match="same steps"):
+        with_window_costs(prof, WindowCosts(loss_change=bad.loss_change, probe_loss=(1.0,)))
