@@ -73,6 +73,9 @@ class ReplanOptions:
     mode: Mode = "heuristic"
     time_limit: float = 10.0
     """Seconds for one re-plan's solve."""
+    costs: bool = False
+    """Adaptive freezing: re-plan by time to quality from the loss costs measured in warm-up and
+    each full-update window (`freezeopt.training.replan`)."""
 
     def __post_init__(self) -> None:
         if self.every < 0:
@@ -86,7 +89,7 @@ class ReplanOptions:
 
     @property
     def on(self) -> bool:
-        return bool(self.every or self.on_drift)
+        return bool(self.every or self.on_drift or self.costs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,13 +149,11 @@ class TrainOptions:
                 f"{option('schedule')}"
             )
         if self.replan.on:
+            flags = f"{option('replan.every')}, {option('replan.on_drift')} and {option('replan.costs')}"
             if self.schedule is None:
-                raise InputError(
-                    f"{option('replan.every')} and {option('replan.on_drift')} need "
-                    f"{option('schedule')}"
-                )
+                raise InputError(f"{flags} need {option('schedule')}")
             if self.replan.profile is None:
                 raise InputError(
-                    f"{option('replan.every')} and {option('replan.on_drift')} need "
-                    f"{option('replan.profile')} (the profile the schedule was solved from)"
+                    f"{flags} need {option('replan.profile')} (the profile the schedule was "
+                    "solved from)"
                 )

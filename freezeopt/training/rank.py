@@ -38,6 +38,15 @@ plan to `replans/step-NNNNNNNN.yaml` (the first step it runs) and a `replan` eve
 re-plan still solving when the last step ends is waited for and reported at that step. The
 active plan is part of every checkpoint, so a resume continues with it.
 
+Adaptive freezing (`ReplanSpec.costs`, `freezeopt train --adaptive`): in the full-update steps
+of warm-up and of each full-update window (by the schedule's cadence, whatever the current plan
+freezes), every rank measures each of its groups' share of the held-out probe loss's change
+(`freezeopt.profiling.loss_cost.LcaTracker`: the probe loss and its gradient before the window's
+first step and after each step, a plain pass stage by stage); at the window's last step the ranks
+all-gather the shares and rank 0 starts a time-to-quality re-plan from them (reason `costs`), adopted
+as any re-plan is. The probe passes' wall time is each step's `probe_ms` in `metrics.jsonl`, part
+of the run's time (`freezeopt compare` adds it to the step's).
+
 Test-only faults (`freezeopt.torchpp.faults`) hook in at the batch, the learning rate and each action.
 """
 
@@ -70,10 +79,17 @@ from freezeopt.torchpp.pipeline import (
     build_rank_pipeline,
     device_name,
     make_schedule,
+    probe_loss,
     validation_loss,
 )
 from freezeopt.training.options import TrainOptions
-from freezeopt.training.replan import MIN_SAMPLES, CostWindow, ReplanSpec, skipped_ms
+from freezeopt.training.replan import (
+    MIN_SAMPLES,
+    CostWindow,
+    ReplanSpec,
+    WindowCosts,
+    skipped_ms,
+)
 from freezeopt.training.replan_worker import ReplanWorker
 from freezeopt.training.runlog import RunLog
 
@@ -167,6 +183,13 @@ class _Trainer:
         """Rank 0: solves re-plans in a background process (which keeps the run's warm LP)."""
         self.solve_ready = False
         self.drift_replan = False
+        self.lca: Any = None
+        """Adaptive freezing: the loss-cost measurement of the current full-update window."""
+        self.window_costs: WindowCosts | None = None
+        """A finished window's loss costs, waiting for the re-plan they start."""
+        self.inflight_costs: WindowCosts | None = None
+        """Rank 0: the loss costs the re-plan in flight solves from."""
+        self.probe_ms = 0.0
 
     # -- setup --------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -271,7 +294,9 @@ class _Trainer:
         if self.solve_ready:
             self._apply_replan(step)
         reason = None
-        if self.drift_replan:
+        if self.window_costs is not None:
+            reason = "costs"
+        elif self.drift_replan:
             reason = "step_time"
         elif rs.every and (step + 1) % rs.every == 0:
             reason = "every"
@@ -291,11 +316,64 @@ class _Trainer:
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, self.window.medians())
         self.inflight = (step, reason)
+        costs = None
+        if reason == "costs":
+            costs, self.window_costs = self.window_costs, None
         if self.rank != 0:
             return
+        self.inflight_costs = costs
         measured = {a: c for d in gathered for a, c in d.items()}
         delay = sum(f.ms for f in self.faults if f.kind == "slow_replan") / 1e3
-        self.solver.submit(rs, ctrl.schedule, measured, step=step, reason=reason, delay_s=delay)
+        self.solver.submit(
+            rs, ctrl.schedule, measured, step=step, reason=reason, delay_s=delay, costs=costs
+        )
+
+    # -- adaptive freezing: loss costs measured in full-update windows --------------------------
+    def _cost_window(self, step: int) -> bool:
+        """Whether `step` is in warm-up or a full-update window by the schedule's cadence (where
+        an adaptive run measures loss costs), whatever the current plan freezes."""
+        rs, ctrl = self.replan_spec, self.ctrl
+        if rs is None or not rs.costs or ctrl is None or step >= self.spec.options.steps:
+            return False
+        ph = ctrl.schedule.phases
+        if step < ph.warmup_steps:
+            return True
+        since = step - ph.warmup_steps
+        return (
+            ph.full_update_every > 0
+            and since > 0
+            and since % ph.full_update_every < ph.full_update_steps
+        )
+
+    def _probe(self) -> float | None:
+        """The probe loss with its gradient in `.grad`, every rank together; its time counted."""
+        t0 = time.perf_counter()
+        loss = probe_loss(
+            self.rp, first=self.job.val_batches, batches=max(1, self.job.probe_batches), grad=True
+        )
+        self.probe_ms += (time.perf_counter() - t0) * 1e3
+        return loss
+
+    def _end_cost_window(self) -> None:
+        """Every rank, after a window's last step: gather its loss costs, which start a re-plan
+        at this step's boundary (every rank decides alike from the same gathered data)."""
+        import torch.distributed as dist
+
+        lca, self.lca = self.lca, None
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, (dict(lca.changes), list(lca.losses)))
+        steps = {len(v) for ch, _ in gathered for v in ch.values()}
+        probe = next((ls for _, ls in gathered if ls and ls[0] is not None), None)
+        if (
+            len(steps) != 1
+            or steps == {0}
+            or probe is None
+            or len(probe) != next(iter(steps)) + 1
+            or any(x is None or not math.isfinite(x) for x in probe)
+        ):
+            return  # a window cut short (a rollback) or a non-finite probe: nothing to go on
+        changes = {k: tuple(v) for ch, _ in gathered for k, v in ch.items()}
+        self.window_costs = WindowCosts(loss_change=changes, probe_loss=tuple(probe))
 
     def _apply_replan(self, step: int) -> None:
         """Every rank, after the step whose all-reduce said the solve is done (or after the last
@@ -329,6 +407,15 @@ class _Trainer:
                     "warm": out.warm,
                     "file": str(path),
                 }
+                wc = self.inflight_costs
+                if reason == "costs" and wc is not None:
+                    # what the window measured: the probe loss over it, and the groups' shares
+                    # of its change together (they add up to it: loss-change allocation)
+                    ev["window"] = {
+                        "steps": len(wc.probe_loss) - 1,
+                        "probe_loss": [wc.probe_loss[0], wc.probe_loss[-1]],
+                        "allocated": sum(sum(v) for v in wc.loss_change.values()),
+                    }
                 payload = {"event": ev, "text": out.text if out.adopted else None}
         box: list[Any] = [payload]
         dist.broadcast_object_list(box, src=0)
@@ -445,6 +532,8 @@ class _Trainer:
             if self.replan_spec is not None:
                 if step >= spec.measure_from:
                     self._add_costs(freezing)
+                if self.lca is not None and not self._cost_window(step + 1):
+                    self._end_cost_window()
                 self._replan_boundary(step)
             if step >= spec.measure_from:
                 cls = "freeze" if freezing else "full"
@@ -521,6 +610,19 @@ class _Trainer:
         from freezeopt.torchpp import adapter as torch_pp
 
         rp, ctrl = self.rp, self.ctrl
+        self.probe_ms = 0.0
+        measuring = self._cost_window(step) and not freezing
+        if measuring and self.lca is None:
+            from freezeopt.profiling.loss_cost import LcaTracker
+
+            self.lca = LcaTracker(
+                [
+                    (s, g, [rp.params[s][i] for i in idx])
+                    for s in rp.stages
+                    for g, idx in rp.group_idx[s]
+                ]
+            )
+            self.lca.start(self._probe)
         x, y = rp.data.train(step)
         if any(
             f.kind == "corrupt_batch" and f.step <= step < f.step + f.steps for f in self.faults
@@ -596,9 +698,16 @@ class _Trainer:
             if spike is not None:
                 for g in rp.optimizer.param_groups:
                     g["lr"] = g["lr"] * spike.factor
+            before = (
+                [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
+                if measuring and self.lca is not None
+                else None
+            )
             tok = self.clock.start()
             rp.optimizer.step()
             opt_ms = self.clock.resolve(self.clock.stop(tok))
+            if before is not None:
+                self.lca.step(self._probe, before)
             for g, lr in zip(rp.optimizer.param_groups, saved, strict=True):
                 g["lr"] = lr
         else:
@@ -607,8 +716,13 @@ class _Trainer:
                 self.log.add_events(
                     [{"step": step, "event": "nonfinite", "loss": str(loss), "update": "skipped"}]
                 )
+        if measuring and self.lca is not None and nonfinite:
+            self.lca.step(
+                self._probe, [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
+            )
         if decision is not None and decision.rollback:
             self._rollback(step)
+            self.lca = None  # the window's weights are gone
         rec = {
             "step": step,
             "phase": phase,
@@ -621,6 +735,8 @@ class _Trainer:
         }
         if self.replan_spec is not None:
             rec["plan"] = self.plan_version
+        if self.replan_spec is not None and self.replan_spec.costs:
+            rec["probe_ms"] = self.probe_ms
         self.log.add_metrics({**rec, "grad_norms": norms})
         return rec
 

@@ -108,9 +108,6 @@ class ReplanSpec:
     costs: bool = False
     """Re-plan at the end of each full-update window from the loss costs measured in it, by time
     to quality (`WindowCosts`; the module docstring)."""
-    probe_batches: int = 2
-    """Held-out batches of the probe loss the windows measure (those after the validation
-    batches, as the profiler's)."""
 
     @property
     def enabled(self) -> bool:

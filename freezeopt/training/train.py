@@ -497,7 +497,8 @@ def _replan_spec(
         if o.profile is not None and not for_gantt:  # tracking draws its Gantt chart from it
             warnings.append(
                 "--profile is read only for online re-planning and the tracked Gantt chart; "
-                "without --replan-every, --replan-on-drift, --mlflow or --tensorboard it was not used"
+                "without --replan-every, --replan-on-drift, --adaptive, --mlflow or --tensorboard it "
+                "was not used"
             )
         return None
     assert schedule is not None and o.profile is not None
@@ -515,6 +516,7 @@ def _replan_spec(
         on_drift=o.on_drift,
         mode=o.mode,
         time_limit=o.time_limit,
+        costs=o.costs,
     )
 
 

@@ -500,3 +500,53 @@ def test_a_window_must_cover_every_group_and_its_steps() -> None:
     bad = _window(prof, {k: 0.2 for k in keys}, steps=2)
     with pytest.raises(ValueError, match="same steps"):
         with_window_costs(prof, WindowCosts(loss_change=bad.loss_change, probe_loss=(1.0,)))
+
+
+@pytest.mark.slow
+def test_adaptive_run_measures_loss_costs_in_its_windows_and_replans_from_them(
+    tmp_path: Path, small_profile: Path
+) -> None:
+    """`--adaptive`: warm-up and each full-update window (by the schedule's cadence) measure the
+    probe's loss-change allocation on every rank; at a window's last step the run re-plans by
+    time to quality from it (reason `costs`), and the event says what the window measured — its
+    groups' shares add up to the probe loss's change. The probe passes' time is `probe_ms`, in
+    those steps only."""
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.schedule import Drift, Phases
+    from freezeopt.solver import SolveOptions
+
+    phases = Phases(
+        warmup_steps=3, full_update_every=4, full_update_steps=2, drift=Drift(step_time_error=1e6)
+    )
+    opts = SolveOptions(budget=0.3, objective="ttq", sensitivity="measured", mode="heuristic")
+    sched = tmp_path / "s.yaml"
+    solve_file(small_profile, opts, phases=phases, out=sched)
+    rep = train_job(
+        small_job(),
+        TrainOptions(
+            schedule=sched,
+            steps=14,
+            out_dir=tmp_path / "run",
+            progress=False,
+            replan=ReplanOptions(profile=small_profile, costs=True),
+        ),
+    )
+    rows = [m for m in metrics(tmp_path / "run") if "step_ms" in m]
+    # the cost windows: warm-up 0-2, then steps 3 + 4k + {0, 1} after the first (7, 8, 11, 12)
+    windows = {0, 1, 2, 7, 8, 11, 12}
+    assert {m["step"] for m in rows if m["probe_ms"] > 0} == windows
+    assert all(m["probe_ms"] == 0 for m in rows if m["step"] not in windows)
+    assert all(not m["freezing"] for m in rows if m["step"] in windows)
+    evs = [e for e in rep.events if e["event"].startswith("replan")]
+    assert evs and all(e["reason"] == "costs" for e in evs), evs
+    first = evs[0]
+    assert first["trigger_step"] == 2  # the warm-up's window
+    if first["event"] != "replan_failed":
+        w = first["window"]
+        assert w["steps"] == 3
+        change = w["probe_loss"][1] - w["probe_loss"][0]
+        assert change < 0 and w["allocated"] == pytest.approx(change, rel=0.2)
+        new = load_schedule(Path(first["file"]))
+        assert new.provenance.objective == "ttq" and new.provenance.sensitivity == "measured"
+        assert new.provenance.budget_cap == 0.3
+    assert {e["trigger_step"] for e in evs} <= {2, 8, 12}
