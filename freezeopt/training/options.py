@@ -62,7 +62,8 @@ class CheckpointOptions:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplanOptions:
-    """Online re-planning from the run's own measured costs (off unless `every` or `on_drift`)."""
+    """Online re-planning from the run's own measured costs (off unless `every`, `on_drift` or
+    `costs`)."""
 
     profile: Path | None = None
     """The profile the schedule was solved from (its signal and lags; needed to re-plan)."""
@@ -86,6 +87,12 @@ class ReplanOptions:
             )
         if not (math.isfinite(self.time_limit) and self.time_limit > 0):
             raise InputError(f"{option('replan.time_limit')} must be a positive number of seconds")
+        if self.costs and (self.every or self.on_drift):
+            raise InputError(
+                f"{option('replan.costs')} re-plans by time to quality from measured loss costs; "
+                f"{option('replan.every')} and {option('replan.on_drift')} re-plan by step time "
+                "from the profile's: pass one of them"
+            )
 
     @property
     def on(self) -> bool:

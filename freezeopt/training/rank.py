@@ -303,7 +303,8 @@ class _Trainer:
         if (
             reason is not None
             and self.inflight is None
-            and len(self.window) >= MIN_SAMPLES
+            # a window's loss costs re-plan on the profile's action costs where none are measured
+            and (len(self.window) >= MIN_SAMPLES or reason == "costs")
             and step + 1 < self.spec.options.steps  # no step left to run a new plan
         ):
             self._start_replan(step, reason)
@@ -332,27 +333,19 @@ class _Trainer:
     def _cost_window(self, step: int) -> bool:
         """Whether `step` is in warm-up or a full-update window by the schedule's cadence (where
         an adaptive run measures loss costs), whatever the current plan freezes."""
+        from freezeopt.training.runtime import in_full_window
+
         rs, ctrl = self.replan_spec, self.ctrl
         if rs is None or not rs.costs or ctrl is None or step >= self.spec.options.steps:
             return False
         ph = ctrl.schedule.phases
-        if step < ph.warmup_steps:
-            return True
-        since = step - ph.warmup_steps
-        return (
-            ph.full_update_every > 0
-            and since > 0
-            and since % ph.full_update_every < ph.full_update_steps
-        )
+        return step < ph.warmup_steps or in_full_window(ph, step)
 
     def _probe(self) -> float | None:
-        """The probe loss with its gradient in `.grad`, every rank together; its time counted."""
-        t0 = time.perf_counter()
-        loss = probe_loss(
-            self.rp, first=self.job.val_batches, batches=max(1, self.job.probe_batches), grad=True
+        """The probe loss with its gradient in `.grad`, every rank together."""
+        return probe_loss(
+            self.rp, first=self.job.val_batches, batches=self.job.probe_batches, grad=True
         )
-        self.probe_ms += (time.perf_counter() - t0) * 1e3
-        return loss
 
     def _end_cost_window(self) -> None:
         """Every rank, after a window's last step: gather its loss costs, which start a re-plan
@@ -532,8 +525,6 @@ class _Trainer:
             if self.replan_spec is not None:
                 if step >= spec.measure_from:
                     self._add_costs(freezing)
-                if self.lca is not None and not self._cost_window(step + 1):
-                    self._end_cost_window()
                 self._replan_boundary(step)
             if step >= spec.measure_from:
                 cls = "freeze" if freezing else "full"
@@ -615,6 +606,7 @@ class _Trainer:
         if measuring and self.lca is None:
             from freezeopt.profiling.loss_cost import LcaTracker
 
+            t_probe = time.perf_counter()
             self.lca = LcaTracker(
                 [
                     (s, g, [rp.params[s][i] for i in idx])
@@ -623,6 +615,8 @@ class _Trainer:
                 ]
             )
             self.lca.start(self._probe)
+            self.clock.sync()
+            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
         x, y = rp.data.train(step)
         if any(
             f.kind == "corrupt_batch" and f.step <= step < f.step + f.steps for f in self.faults
@@ -698,16 +692,21 @@ class _Trainer:
             if spike is not None:
                 for g in rp.optimizer.param_groups:
                     g["lr"] = g["lr"] * spike.factor
+            t_probe = time.perf_counter()
             before = (
                 [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
                 if measuring and self.lca is not None
                 else None
             )
+            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
             tok = self.clock.start()
             rp.optimizer.step()
             opt_ms = self.clock.resolve(self.clock.stop(tok))
             if before is not None:
+                t_probe = time.perf_counter()
                 self.lca.step(self._probe, before)
+                self.clock.sync()
+                self.probe_ms += (time.perf_counter() - t_probe) * 1e3
             for g, lr in zip(rp.optimizer.param_groups, saved, strict=True):
                 g["lr"] = lr
         else:
@@ -716,13 +715,19 @@ class _Trainer:
                 self.log.add_events(
                     [{"step": step, "event": "nonfinite", "loss": str(loss), "update": "skipped"}]
                 )
-        if measuring and self.lca is not None and nonfinite:
+        if measuring and self.lca is not None and nonfinite:  # no update: no change to share
+            t_probe = time.perf_counter()
             self.lca.step(
                 self._probe, [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
             )
+            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
         if decision is not None and decision.rollback:
             self._rollback(step)
             self.lca = None  # the window's weights are gone
+        if self.lca is not None and not self._cost_window(step + 1):
+            t_probe = time.perf_counter()
+            self._end_cost_window()
+            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
         rec = {
             "step": step,
             "phase": phase,

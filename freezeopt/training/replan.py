@@ -20,9 +20,11 @@ full-update window the run hands over what the window measured of freezing's cos
 loss — what `freezeopt profile` measures, `freezeopt.profiling.loss_cost`), which replaces the
 profile's; the solve is then the time-to-quality one (`solve_ttq`, the `measured` sensitivity,
 under the schedule's budget cap), and the new plan is adopted when it promises less time to quality
-than the current plan does on the same updated model. Freezing so grows when the groups' shares of
-the progress move away from the cheap-to-freeze ones, shrinks when they move towards them, and
-stops (a plan that freezes nothing) while no plan pays.
+than the current plan does on the same updated model by the solver's margin (`TTQ_MARGIN`: noisy
+windows would otherwise swap near-equal plans), when it freezes nothing (no plan pays), or when
+the current plan now drops more than the cap. Freezing so grows when the groups' shares of the
+progress move away from the cheap-to-freeze ones, shrinks when they move towards them, and stops
+while no plan pays.
 
 The solve: `freezeopt.solver.modes.solve` in the re-plan mode (`heuristic` by default; `lp` or `milp`
 on request) with the schedule's own budget, caps, sensitivity estimator and tolerance from its
@@ -66,6 +68,7 @@ from freezeopt.solver import (
     solve_ttq,
 )
 from freezeopt.solver.lp_arrays import LpCache
+from freezeopt.solver.ttq import TTQ_MARGIN
 
 __all__ = [
     "MIN_SAMPLES",
@@ -317,18 +320,25 @@ def replan(
     new_ms = result.predicted_ms
     same = new.frozen == current.frozen and new.ratios == current.ratios
     if costs is not None:
-        # time to quality of both plans on the window's model: step ratio over progress kept
+        # time to quality of both plans on the window's model: step ratio over progress kept; a
+        # current plan that now drops more than the cap is out, whatever it promises
         base = result.baseline_ms
-        kept = 1.0 - FreezeProblem(dag, signal, opts).signal_of(old_plan)
-        old_ttq = (old_ms / base) / kept if kept > 0 and base > 0 else float("inf")
+        problem = FreezeProblem(dag, signal, opts)
+        kept = 1.0 - problem.signal_of(old_plan)
+        fits = problem.fits(old_plan)
+        old_ttq = (old_ms / base) / kept if kept > 0 and base > 0 and fits else float("inf")
         new_ttq = result.time_to_quality if result.time_to_quality is not None else float("inf")
     if same:
         adopted, why = False, "the same plan"
     elif costs is not None:
-        adopted = new_ttq < old_ttq - 1e-9
+        # nothing frozen: no plan promises TTQ_MARGIN, so the current one does not pay either;
+        # another freezing plan: only for a gain beyond the model's error (noisy windows would
+        # swap near-equal plans back and forth)
+        adopted = not result.frozen or not fits or new_ttq < old_ttq * (1.0 - TTQ_MARGIN)
         why = (
             f"time to quality x{new_ttq:.3f} of not freezing's against x{old_ttq:.3f} for the "
-            f"current plan on the window's loss costs"
+            "current plan on the window's loss costs"
+            + ("" if fits else " (the current plan now drops more than the cap)")
         )
     elif new_ms > old_ms * (1 + 1e-9):
         adopted, why = False, "predicted slower than the current plan"
