@@ -692,13 +692,11 @@ class _Trainer:
             if spike is not None:
                 for g in rp.optimizer.param_groups:
                     g["lr"] = g["lr"] * spike.factor
-            t_probe = time.perf_counter()
-            before = (
-                [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
-                if measuring and self.lca is not None
-                else None
-            )
-            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
+            before = None
+            if measuring and self.lca is not None:
+                t_probe = time.perf_counter()
+                before = [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
+                self.probe_ms += (time.perf_counter() - t_probe) * 1e3
             tok = self.clock.start()
             rp.optimizer.step()
             opt_ms = self.clock.resolve(self.clock.stop(tok))
