@@ -111,6 +111,7 @@ FLAGS = {
     "replan.on_drift": "--replan-on-drift",
     "replan.mode": "--replan-mode",
     "replan.time_limit": "--replan-time-limit",
+    "replan.costs": "--adaptive",
     "tracking.mlflow": "--mlflow",
     "tracking.tensorboard": "--tensorboard",
     # CompareOptions
@@ -319,6 +320,14 @@ def train(
     replan_time_limit: Annotated[
         float, typer.Option(help="Seconds for one re-plan's solve.")
     ] = 10.0,
+    adaptive: Annotated[
+        bool,
+        typer.Option(
+            "--adaptive",
+            help="Adaptive freezing: measure what freezing costs in loss in warm-up and every "
+            "full-update window, and re-plan by time to quality from it (needs --profile).",
+        ),
+    ] = False,
     fault: Annotated[
         str | None,
         typer.Option(hidden=True, help="Test-only injected fault (see freezeopt.torchpp.faults)."),
@@ -370,6 +379,7 @@ def train(
             on_drift=replan_on_drift,
             mode=replan_mode,  # type: ignore[arg-type]
             time_limit=replan_time_limit,
+            costs=adaptive,
         ),
         tracking=_tracking(mlflow, tensorboard),
         rescale=not no_rescale,
@@ -397,7 +407,7 @@ def compare(
         str,
         typer.Option(
             help="Comma-separated: none, uniform, timelyfreeze, timelyfreeze-matched, stability, "
-            "freezeopt, freezeopt-heuristic, freezeopt-ttq, autofreeze, composer."
+            "freezeopt, freezeopt-heuristic, freezeopt-ttq, freezeopt-adaptive, autofreeze, composer."
         ),
     ] = "none,uniform,timelyfreeze,timelyfreeze-matched,stability,freezeopt",
     steps: Annotated[

@@ -217,7 +217,12 @@ def test_every_option_field_in_the_flag_table_names_a_flag_of_the_cli() -> None:
         (
             ["train", "tiny-gpt", "--steps", "2", "--replan-every", "2"],
             2,
-            "--replan-every and --replan-on-drift need --schedule$",
+            "--replan-every, --replan-on-drift and --adaptive need --schedule$",
+        ),
+        (
+            ["train", "tiny-gpt", "--steps", "2", "--adaptive"],
+            2,
+            "--replan-every, --replan-on-drift and --adaptive need --schedule$",
         ),
         (
             ["train", "tiny-gpt", "--steps", "2", "--replan-mode", "x"],

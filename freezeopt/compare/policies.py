@@ -26,7 +26,11 @@ plan and nothing else. All are built from one profile, at matched budgets where 
   a prefix that grows linearly to every group but the last at step N;
 * `freezeopt-ttq`: the MILP with the `ttq` objective and the `measured` sensitivity (where the
   profile has the probe loss; `gns` otherwise): the plan with the least predicted time to quality
-  under the budget as a cap, or nothing frozen where freezing does not pay.
+  under the budget as a cap, or nothing frozen where freezing does not pay;
+* `freezeopt-adaptive`: `freezeopt-ttq`'s plan to start from, with a full-update window of
+  `ADAPTIVE_WINDOW` steps every sixth of the N steps, trained with `--adaptive`: each window (and
+  the warm-up) measures what freezing costs in loss, and the run re-plans by time to quality from
+  it (`freezeopt.training.replan`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from freezeopt.solver import (
 )
 
 __all__ = [
+    "ADAPTIVE_WINDOW",
     "BUDGETED",
     "POLICIES",
     "Policy",
@@ -69,6 +74,7 @@ Policy = Literal[
     "freezeopt",
     "freezeopt-heuristic",
     "freezeopt-ttq",
+    "freezeopt-adaptive",
     "autofreeze",
     "composer",
 ]
@@ -81,6 +87,7 @@ POLICIES: tuple[Policy, ...] = (
     "freezeopt",
     "freezeopt-heuristic",
     "freezeopt-ttq",
+    "freezeopt-adaptive",
     "autofreeze",
     "composer",
 )
@@ -88,6 +95,8 @@ BUDGETED: tuple[Policy, ...] = tuple(
     p for p in POLICIES if p not in ("none", "timelyfreeze", "autofreeze", "composer")
 )
 """The policies whose plan depends on the budget (a budget sweep runs these)."""
+ADAPTIVE_WINDOW = 3
+"""`freezeopt-adaptive`: the full-update steps of each window that measures the loss costs."""
 MATCH_TOLERANCE = 0.01
 """`matched_stage_cap` stops when the signal dropped is within this share of the budget."""
 Key = tuple[Action, int]
@@ -121,7 +130,13 @@ def policy_schedule(
     sha = profile_sha256(profile)
     realisation = None
     progression: Progression | None = None
-    if policy == "freezeopt-ttq":
+    if policy == "freezeopt-adaptive":
+        phases = dataclasses.replace(
+            phases,
+            full_update_every=max(2 * ADAPTIVE_WINDOW, total_steps // 6),
+            full_update_steps=ADAPTIVE_WINDOW,
+        )
+    if policy in ("freezeopt-ttq", "freezeopt-adaptive"):
         sensitivity = "measured" if profile.probe is not None else "gns"
         opts = SolveOptions(
             mode="milp",

@@ -195,7 +195,12 @@ def compare_job(
     run with a child per trained run; `freezeopt.tracking.track_compare`).
     """
     from freezeopt.profiling.run import profile_job
-    from freezeopt.training.options import CheckpointOptions, PhaseOverrides, TrainOptions
+    from freezeopt.training.options import (
+        CheckpointOptions,
+        PhaseOverrides,
+        ReplanOptions,
+        TrainOptions,
+    )
     from freezeopt.training.train import train_job
 
     check_output_folder(Path(out_dir), "-o")
@@ -250,11 +255,15 @@ def compare_job(
     ) -> Run:
         sched = schedule_for(policy, budget)
         rdir = out_dir / "runs" / f"{tag}-{policy}-b{budget:g}-r{repeat}"
+        adaptive = policy == "freezeopt-adaptive"  # its windows are its schedule's
         run_opts = TrainOptions(
             steps=steps,
             out_dir=rdir,
             schedule=sched,
-            phases=PhaseOverrides(warmup_steps=opts.warmup_steps, full_update_every=0),
+            phases=PhaseOverrides(
+                warmup_steps=opts.warmup_steps, full_update_every=None if adaptive else 0
+            ),
+            replan=ReplanOptions(profile=prof_path, costs=True) if adaptive else ReplanOptions(),
             checkpoints=CheckpointOptions(keep=1),
             val_every=opts.val_every,
             overwrite=True,  # a comparison written again replaces its own runs
@@ -438,8 +447,8 @@ def _read_run(
     metrics = [m for m in metrics if "step_ms" in m]  # validation records carry only val_loss
     times, t = [], 0.0
     by_step: dict[int, float] = {}
-    for m in metrics:
-        t += m["step_ms"] / 1000.0
+    for m in metrics:  # an adaptive run's probe passes are part of its time
+        t += (m["step_ms"] + m.get("probe_ms", 0.0)) / 1000.0
         by_step[int(m["step"])] = t
         times.append((t, float(m["loss"])))
     measured = [m["step_ms"] for m in metrics if warmup <= int(m["step"]) < n]

@@ -62,7 +62,8 @@ class CheckpointOptions:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplanOptions:
-    """Online re-planning from the run's own measured costs (off unless `every` or `on_drift`)."""
+    """Online re-planning from the run's own measured costs (off unless `every`, `on_drift` or
+    `costs`)."""
 
     profile: Path | None = None
     """The profile the schedule was solved from (its signal and lags; needed to re-plan)."""
@@ -73,6 +74,9 @@ class ReplanOptions:
     mode: Mode = "heuristic"
     time_limit: float = 10.0
     """Seconds for one re-plan's solve."""
+    costs: bool = False
+    """Adaptive freezing: re-plan by time to quality from the loss costs measured in warm-up and
+    each full-update window (`freezeopt.training.replan`)."""
 
     def __post_init__(self) -> None:
         if self.every < 0:
@@ -83,10 +87,16 @@ class ReplanOptions:
             )
         if not (math.isfinite(self.time_limit) and self.time_limit > 0):
             raise InputError(f"{option('replan.time_limit')} must be a positive number of seconds")
+        if self.costs and (self.every or self.on_drift):
+            raise InputError(
+                f"{option('replan.costs')} re-plans by time to quality from measured loss costs; "
+                f"{option('replan.every')} and {option('replan.on_drift')} re-plan by step time "
+                "from the profile's: pass one of them"
+            )
 
     @property
     def on(self) -> bool:
-        return bool(self.every or self.on_drift)
+        return bool(self.every or self.on_drift or self.costs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,13 +156,11 @@ class TrainOptions:
                 f"{option('schedule')}"
             )
         if self.replan.on:
+            flags = f"{option('replan.every')}, {option('replan.on_drift')} and {option('replan.costs')}"
             if self.schedule is None:
-                raise InputError(
-                    f"{option('replan.every')} and {option('replan.on_drift')} need "
-                    f"{option('schedule')}"
-                )
+                raise InputError(f"{flags} need {option('schedule')}")
             if self.replan.profile is None:
                 raise InputError(
-                    f"{option('replan.every')} and {option('replan.on_drift')} need "
-                    f"{option('replan.profile')} (the profile the schedule was solved from)"
+                    f"{flags} need {option('replan.profile')} (the profile the schedule was "
+                    "solved from)"
                 )

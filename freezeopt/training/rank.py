@@ -38,6 +38,15 @@ plan to `replans/step-NNNNNNNN.yaml` (the first step it runs) and a `replan` eve
 re-plan still solving when the last step ends is waited for and reported at that step. The
 active plan is part of every checkpoint, so a resume continues with it.
 
+Adaptive freezing (`ReplanSpec.costs`, `freezeopt train --adaptive`): in the full-update steps
+of warm-up and of each full-update window (by the schedule's cadence, whatever the current plan
+freezes), every rank measures each of its groups' share of the held-out probe loss's change
+(`freezeopt.profiling.loss_cost.LcaTracker`: the probe loss and its gradient before the window's
+first step and after each step, a plain pass stage by stage); at the window's last step the ranks
+all-gather the shares and rank 0 starts a time-to-quality re-plan from them (reason `costs`), adopted
+as any re-plan is. The probe passes' wall time is each step's `probe_ms` in `metrics.jsonl`, part
+of the run's time (`freezeopt compare` adds it to the step's).
+
 Test-only faults (`freezeopt.torchpp.faults`) hook in at the batch, the learning rate and each action.
 """
 
@@ -70,10 +79,17 @@ from freezeopt.torchpp.pipeline import (
     build_rank_pipeline,
     device_name,
     make_schedule,
+    probe_loss,
     validation_loss,
 )
 from freezeopt.training.options import TrainOptions
-from freezeopt.training.replan import MIN_SAMPLES, CostWindow, ReplanSpec, skipped_ms
+from freezeopt.training.replan import (
+    MIN_SAMPLES,
+    CostWindow,
+    ReplanSpec,
+    WindowCosts,
+    skipped_ms,
+)
 from freezeopt.training.replan_worker import ReplanWorker
 from freezeopt.training.runlog import RunLog
 
@@ -167,6 +183,13 @@ class _Trainer:
         """Rank 0: solves re-plans in a background process (which keeps the run's warm LP)."""
         self.solve_ready = False
         self.drift_replan = False
+        self.lca: Any = None
+        """Adaptive freezing: the loss-cost measurement of the current full-update window."""
+        self.window_costs: WindowCosts | None = None
+        """A finished window's loss costs, waiting for the re-plan they start."""
+        self.inflight_costs: WindowCosts | None = None
+        """Rank 0: the loss costs the re-plan in flight solves from."""
+        self.probe_ms = 0.0
 
     # -- setup --------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -271,14 +294,17 @@ class _Trainer:
         if self.solve_ready:
             self._apply_replan(step)
         reason = None
-        if self.drift_replan:
+        if self.window_costs is not None:
+            reason = "costs"
+        elif self.drift_replan:
             reason = "step_time"
         elif rs.every and (step + 1) % rs.every == 0:
             reason = "every"
         if (
             reason is not None
             and self.inflight is None
-            and len(self.window) >= MIN_SAMPLES
+            # a window's loss costs re-plan on the profile's action costs where none are measured
+            and (len(self.window) >= MIN_SAMPLES or reason == "costs")
             and step + 1 < self.spec.options.steps  # no step left to run a new plan
         ):
             self._start_replan(step, reason)
@@ -291,11 +317,56 @@ class _Trainer:
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, self.window.medians())
         self.inflight = (step, reason)
+        costs = None
+        if reason == "costs":
+            costs, self.window_costs = self.window_costs, None
         if self.rank != 0:
             return
+        self.inflight_costs = costs
         measured = {a: c for d in gathered for a, c in d.items()}
         delay = sum(f.ms for f in self.faults if f.kind == "slow_replan") / 1e3
-        self.solver.submit(rs, ctrl.schedule, measured, step=step, reason=reason, delay_s=delay)
+        self.solver.submit(
+            rs, ctrl.schedule, measured, step=step, reason=reason, delay_s=delay, costs=costs
+        )
+
+    # -- adaptive freezing: loss costs measured in full-update windows --------------------------
+    def _cost_window(self, step: int) -> bool:
+        """Whether `step` is in warm-up or a full-update window by the schedule's cadence (where
+        an adaptive run measures loss costs), whatever the current plan freezes."""
+        from freezeopt.training.runtime import in_full_window
+
+        rs, ctrl = self.replan_spec, self.ctrl
+        if rs is None or not rs.costs or ctrl is None or step >= self.spec.options.steps:
+            return False
+        ph = ctrl.schedule.phases
+        return step < ph.warmup_steps or in_full_window(ph, step)
+
+    def _probe(self) -> float | None:
+        """The probe loss with its gradient in `.grad`, every rank together."""
+        return probe_loss(
+            self.rp, first=self.job.val_batches, batches=self.job.probe_batches, grad=True
+        )
+
+    def _end_cost_window(self) -> None:
+        """Every rank, after a window's last step: gather its loss costs, which start a re-plan
+        at this step's boundary (every rank decides alike from the same gathered data)."""
+        import torch.distributed as dist
+
+        lca, self.lca = self.lca, None
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, (dict(lca.changes), list(lca.losses)))
+        steps = {len(v) for ch, _ in gathered for v in ch.values()}
+        probe = next((ls for _, ls in gathered if ls and ls[0] is not None), None)
+        if (
+            len(steps) != 1
+            or steps == {0}
+            or probe is None
+            or len(probe) != next(iter(steps)) + 1
+            or any(x is None or not math.isfinite(x) for x in probe)
+        ):
+            return  # a window cut short (a rollback) or a non-finite probe: nothing to go on
+        changes = {k: tuple(v) for ch, _ in gathered for k, v in ch.items()}
+        self.window_costs = WindowCosts(loss_change=changes, probe_loss=tuple(probe))
 
     def _apply_replan(self, step: int) -> None:
         """Every rank, after the step whose all-reduce said the solve is done (or after the last
@@ -329,6 +400,15 @@ class _Trainer:
                     "warm": out.warm,
                     "file": str(path),
                 }
+                wc = self.inflight_costs
+                if reason == "costs" and wc is not None:
+                    # what the window measured: the probe loss over it, and the groups' shares
+                    # of its change together (they add up to it: loss-change allocation)
+                    ev["window"] = {
+                        "steps": len(wc.probe_loss) - 1,
+                        "probe_loss": [wc.probe_loss[0], wc.probe_loss[-1]],
+                        "allocated": sum(sum(v) for v in wc.loss_change.values()),
+                    }
                 payload = {"event": ev, "text": out.text if out.adopted else None}
         box: list[Any] = [payload]
         dist.broadcast_object_list(box, src=0)
@@ -521,6 +601,22 @@ class _Trainer:
         from freezeopt.torchpp import adapter as torch_pp
 
         rp, ctrl = self.rp, self.ctrl
+        self.probe_ms = 0.0
+        measuring = self._cost_window(step) and not freezing
+        if measuring and self.lca is None:
+            from freezeopt.profiling.loss_cost import LcaTracker
+
+            t_probe = time.perf_counter()
+            self.lca = LcaTracker(
+                [
+                    (s, g, [rp.params[s][i] for i in idx])
+                    for s in rp.stages
+                    for g, idx in rp.group_idx[s]
+                ]
+            )
+            self.lca.start(self._probe)
+            self.clock.sync()
+            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
         x, y = rp.data.train(step)
         if any(
             f.kind == "corrupt_batch" and f.step <= step < f.step + f.steps for f in self.faults
@@ -596,9 +692,19 @@ class _Trainer:
             if spike is not None:
                 for g in rp.optimizer.param_groups:
                     g["lr"] = g["lr"] * spike.factor
+            before = None
+            if measuring and self.lca is not None:
+                t_probe = time.perf_counter()
+                before = [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
+                self.probe_ms += (time.perf_counter() - t_probe) * 1e3
             tok = self.clock.start()
             rp.optimizer.step()
             opt_ms = self.clock.resolve(self.clock.stop(tok))
+            if before is not None:
+                t_probe = time.perf_counter()
+                self.lca.step(self._probe, before)
+                self.clock.sync()
+                self.probe_ms += (time.perf_counter() - t_probe) * 1e3
             for g, lr in zip(rp.optimizer.param_groups, saved, strict=True):
                 g["lr"] = lr
         else:
@@ -607,8 +713,19 @@ class _Trainer:
                 self.log.add_events(
                     [{"step": step, "event": "nonfinite", "loss": str(loss), "update": "skipped"}]
                 )
+        if measuring and self.lca is not None and nonfinite:  # no update: no change to share
+            t_probe = time.perf_counter()
+            self.lca.step(
+                self._probe, [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
+            )
+            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
         if decision is not None and decision.rollback:
             self._rollback(step)
+            self.lca = None  # the window's weights are gone
+        if self.lca is not None and not self._cost_window(step + 1):
+            t_probe = time.perf_counter()
+            self._end_cost_window()
+            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
         rec = {
             "step": step,
             "phase": phase,
@@ -621,6 +738,8 @@ class _Trainer:
         }
         if self.replan_spec is not None:
             rec["plan"] = self.plan_version
+        if self.replan_spec is not None and self.replan_spec.costs:
+            rec["probe_ms"] = self.probe_ms
         self.log.add_metrics({**rec, "grad_norms": norms})
         return rec
 

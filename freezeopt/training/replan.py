@@ -14,6 +14,18 @@ estimates the action's full cost. The profile's per-group costs, lags and signal
 kept: only the actions' durations change. A weight-gradient action is never taken as cheaper than
 the profile's group costs it holds (the solver subtracts them).
 
+From measured loss costs (`ReplanSpec.costs`, `freezeopt train --adaptive`): at the end of each
+full-update window the run hands over what the window measured of freezing's cost in loss
+(`WindowCosts`: each group's loss-change allocation on the held-out probe per step, and the probe
+loss — what `freezeopt profile` measures, `freezeopt.profiling.loss_cost`), which replaces the
+profile's; the solve is then the time-to-quality one (`solve_ttq`, the `measured` sensitivity,
+under the schedule's budget cap), and the new plan is adopted when it promises less time to quality
+than the current plan does on the same updated model by the solver's margin (`TTQ_MARGIN`: noisy
+windows would otherwise swap near-equal plans), when it freezes nothing (no plan pays), or when
+the current plan now drops more than the cap. Freezing so grows when the groups' shares of the
+progress move away from the cheap-to-freeze ones, shrinks when they move towards them, and stops
+while no plan pays.
+
 The solve: `freezeopt.solver.modes.solve` in the re-plan mode (`heuristic` by default; `lp` or `milp`
 on request) with the schedule's own budget, caps, sensitivity estimator and tolerance from its
 provenance, a time limit, and `fallback="heuristic"`. The `lp` and `heuristic` re-plans solve the
@@ -36,7 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from freezeopt.errors import MismatchError
-from freezeopt.formats.profile import Profile
+from freezeopt.formats.profile import Probe, Profile
 from freezeopt.formats.schedule import (
     PipelineShape,
     Schedule,
@@ -46,8 +58,17 @@ from freezeopt.formats.schedule import (
 from freezeopt.model.dag import PipelineDag, build_dag, schedule_plan
 from freezeopt.model.sensitivity import ESTIMATORS, estimate_signal
 from freezeopt.model.simulate import simulate
-from freezeopt.solver import SOLVERS, Mode, SolveOptions, schedule_from_result, solve
+from freezeopt.solver import (
+    SOLVERS,
+    FreezeProblem,
+    Mode,
+    SolveOptions,
+    schedule_from_result,
+    solve,
+    solve_ttq,
+)
 from freezeopt.solver.lp_arrays import LpCache
+from freezeopt.solver.ttq import TTQ_MARGIN
 
 __all__ = [
     "MIN_SAMPLES",
@@ -55,12 +76,14 @@ __all__ = [
     "CostWindow",
     "ReplanOutcome",
     "ReplanSpec",
+    "WindowCosts",
     "check_profile_fits",
     "measured_dag",
     "profile_dag",
     "replan",
     "skipped_ms",
     "solve_options",
+    "with_window_costs",
 ]
 
 WINDOW = 5
@@ -68,7 +91,7 @@ WINDOW = 5
 MIN_SAMPLES = 3
 """Measured steps needed in the window before a re-plan may start."""
 
-Reason = Literal["every", "step_time"]
+Reason = Literal["every", "step_time", "costs"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,10 +108,49 @@ class ReplanSpec:
     mode: Mode = "heuristic"
     time_limit: float = 10.0
     """Seconds for one solve."""
+    costs: bool = False
+    """Re-plan at the end of each full-update window from the loss costs measured in it, by time
+    to quality (`WindowCosts`; the module docstring)."""
 
     @property
     def enabled(self) -> bool:
-        return self.every > 0 or self.on_drift
+        return self.every > 0 or self.on_drift or self.costs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowCosts:
+    """What one full-update window measured of freezing's cost in loss."""
+
+    loss_change: Mapping[tuple[int, str], tuple[float, ...]]
+    """(stage, group) → its loss-change allocation on the probe in each step of the window."""
+    probe_loss: tuple[float, ...]
+    """The probe loss before each step of the window and after the last."""
+
+
+def with_window_costs(profile: Profile, costs: WindowCosts) -> Profile:
+    """`profile` with its measured loss costs replaced by `costs` (the branch runs' calibration
+    kept): what the `measured` sensitivity reads."""
+    missing = [
+        (t.stage, t.group) for t in profile.gradients if (t.stage, t.group) not in costs.loss_change
+    ]
+    if missing:
+        raise ValueError(
+            f"the window measured no loss change for stage {missing[0][0]} group {missing[0][1]!r}"
+        )
+    steps = {len(v) for v in costs.loss_change.values()}
+    if len(steps) != 1 or len(costs.probe_loss) != steps.pop() + 1:
+        raise ValueError("a window's loss changes and probe losses must cover the same steps")
+    traces = tuple(
+        replace(t, loss_change=tuple(costs.loss_change[(t.stage, t.group)]))
+        for t in profile.gradients
+    )
+    old = profile.probe
+    probe = Probe(
+        batches=old.batches if old is not None else 1,
+        loss=costs.probe_loss,
+        branch=old.branch if old is not None else None,
+    )
+    return replace(profile, gradients=traces, probe=probe)
 
 
 class CostWindow:
@@ -224,16 +286,26 @@ def replan(
     step: int,
     reason: str,
     lp_cache: LpCache | None = None,
+    costs: WindowCosts | None = None,
 ) -> ReplanOutcome:
-    """Solve again on `measured` costs (action name → full cost, ms); see the module docstring.
-    Pass the same `lp_cache` to every re-plan of a run to re-solve its LP warm."""
+    """Solve again on `measured` costs (action name → full cost, ms), and with `costs` on the loss
+    costs a full-update window measured, by time to quality; see the module docstring. Pass the
+    same `lp_cache` to every re-plan of a run to re-solve its LP warm."""
     t0 = time.perf_counter()
     profile = spec.profile
     check_profile_fits(current, profile, source=f"sha256 {spec.profile_sha256[:12]}")
     dag = measured_dag(profile_dag(profile), measured)
     opts = solve_options(current, spec)
     warm_before = lp_cache.warm_solves if lp_cache is not None else 0
-    result = solve(dag, estimate_signal(profile, opts.estimator), opts, lp_cache=lp_cache)
+    if costs is not None:
+        profile = with_window_costs(profile, costs)
+        prov = current.provenance
+        cap = prov.budget_cap if prov.budget_cap is not None else prov.budget
+        opts = replace(opts, objective="ttq", sensitivity="measured", budget=cap)
+        signal = estimate_signal(profile, "measured")
+        result = solve_ttq(dag, signal, opts, lp_cache=lp_cache)
+    else:
+        result = solve(dag, estimate_signal(profile, opts.estimator), opts, lp_cache=lp_cache)
     new = schedule_from_result(
         result,
         profile=profile,
@@ -243,11 +315,31 @@ def replan(
         phases=current.phases,
         realisation=current.realisation,
     )
-    old_ms = simulate(dag, dag.durations(schedule_plan(current, dag))).makespan
+    old_plan = schedule_plan(current, dag)
+    old_ms = simulate(dag, dag.durations(old_plan)).makespan
     new_ms = result.predicted_ms
     same = new.frozen == current.frozen and new.ratios == current.ratios
+    if costs is not None:
+        # time to quality of both plans on the window's model: step ratio over progress kept; a
+        # current plan that now drops more than the cap is out, whatever it promises
+        base = result.baseline_ms
+        problem = FreezeProblem(dag, signal, opts)
+        kept = 1.0 - problem.signal_of(old_plan)
+        fits = problem.fits(old_plan)
+        old_ttq = (old_ms / base) / kept if kept > 0 and base > 0 and fits else float("inf")
+        new_ttq = result.time_to_quality if result.time_to_quality is not None else float("inf")
     if same:
         adopted, why = False, "the same plan"
+    elif costs is not None:
+        # nothing frozen: no plan promises TTQ_MARGIN, so the current one does not pay either;
+        # another freezing plan: only for a gain beyond the model's error (noisy windows would
+        # swap near-equal plans back and forth)
+        adopted = not result.frozen or not fits or new_ttq < old_ttq * (1.0 - TTQ_MARGIN)
+        why = (
+            f"time to quality x{new_ttq:.3f} of not freezing's against x{old_ttq:.3f} for the "
+            "current plan on the window's loss costs"
+            + ("" if fits else " (the current plan now drops more than the cap)")
+        )
     elif new_ms > old_ms * (1 + 1e-9):
         adopted, why = False, "predicted slower than the current plan"
     else:

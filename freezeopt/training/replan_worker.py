@@ -34,7 +34,7 @@ from typing import IO, Any
 
 from freezeopt import procs
 from freezeopt.formats.schedule import Schedule
-from freezeopt.training.replan import ReplanOutcome, ReplanSpec
+from freezeopt.training.replan import ReplanOutcome, ReplanSpec, WindowCosts
 
 __all__ = ["NICE", "ReplanWorker"]
 
@@ -91,16 +91,18 @@ class ReplanWorker:
         step: int,
         reason: str,
         delay_s: float = 0.0,
+        costs: WindowCosts | None = None,
     ) -> None:
         """Start solving; the previous re-plan must have been collected. `delay_s`: the child
-        waits that long first (the test-only `slow_replan` fault)."""
+        waits that long first (the test-only `slow_replan` fault); `costs`: a full-update
+        window's loss costs (`freezeopt.training.replan.replan`)."""
         assert not self.running(), "collect the running re-plan first"
         self.start()
         proc = self._proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
         box: list[ReplanOutcome | str] = []
         self._answer = box
-        request = (spec, current, dict(measured), step, reason, delay_s)
+        request = (spec, current, dict(measured), step, reason, delay_s, costs)
         stdin, stdout, hello = proc.stdin, proc.stdout, self._hello
         assert hello is not None
 
@@ -174,7 +176,7 @@ def _serve(parent: int, requests: IO[bytes], answers: IO[bytes]) -> None:
     answers.flush()
     while True:
         try:
-            spec, current, measured, step, reason, delay_s = pickle.load(requests)
+            spec, current, measured, step, reason, delay_s, costs = pickle.load(requests)
         except EOFError:
             return
         time.sleep(delay_s)
@@ -182,7 +184,15 @@ def _serve(parent: int, requests: IO[bytes], answers: IO[bytes]) -> None:
         try:
             answer = (
                 "ok",
-                replan(spec, current, measured, step=step, reason=reason, lp_cache=cache),
+                replan(
+                    spec,
+                    current,
+                    measured,
+                    step=step,
+                    reason=reason,
+                    lp_cache=cache,
+                    costs=costs,
+                ),
             )
         except Exception as e:
             answer = ("error", f"{type(e).__name__}: {e}".splitlines()[0])

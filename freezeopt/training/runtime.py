@@ -78,9 +78,9 @@ from typing import Any
 
 from freezeopt.errors import InputError, MismatchError, short
 from freezeopt.formats.fingerprint import fingerprint
-from freezeopt.formats.schedule import Schedule, parse_microbatches, with_phases
+from freezeopt.formats.schedule import Phases, Schedule, parse_microbatches, with_phases
 
-__all__ = ["Decision", "FreezeController"]
+__all__ = ["Decision", "FreezeController", "in_full_window"]
 
 _LOSS_WINDOW = 20
 _LOSS_RECENT = 3
@@ -587,12 +587,8 @@ class FreezeController:
             return "warmup"
         if step <= self._state.fallback_until:
             return "fallback"
-        if not self._freezes:
+        if not self._freezes or in_full_window(ph, step):
             return "full_window"
-        if ph.full_update_every > 0:
-            since = step - ph.warmup_steps
-            if since > 0 and since % ph.full_update_every < ph.full_update_steps:
-                return "full_window"
         return "freeze"
 
     # -- checkpointing --------------------------------------------------------------------
@@ -643,6 +639,17 @@ class FreezeController:
         self._state = st
         calib = state.get("calibration")
         self._calib = None if calib is None else float(calib)
+
+
+def in_full_window(phases: Phases, step: int) -> bool:
+    """Whether `step` falls in a full-update window by the schedule's cadence: the
+    `full_update_steps` steps from every `full_update_every`-th step after warm-up on."""
+    if phases.full_update_every <= 0 or step < phases.warmup_steps:
+        return False
+    since = step - phases.warmup_steps
+    return since >= phases.full_update_every and since % phases.full_update_every < (
+        phases.full_update_steps
+    )
 
 
 def _rng(seed: int, stage: int, microbatch: int, group: int, window: int) -> random.Random:

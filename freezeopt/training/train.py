@@ -252,6 +252,8 @@ def train_job(
             fingerprints=None if model is None else model.fingerprints,
         )
     replan = _replan_spec(schedule, opts.replan, warnings=warnings, for_gantt=opts.tracking.enabled)
+    if replan is not None and replan.costs:
+        _check_adaptive(replan, job, schedule, warnings)
     faults = parse_faults(opts.fault or "")
     for f in faults:
         if (
@@ -497,7 +499,8 @@ def _replan_spec(
         if o.profile is not None and not for_gantt:  # tracking draws its Gantt chart from it
             warnings.append(
                 "--profile is read only for online re-planning and the tracked Gantt chart; "
-                "without --replan-every, --replan-on-drift, --mlflow or --tensorboard it was not used"
+                "without --replan-every, --replan-on-drift, --adaptive, --mlflow or --tensorboard it "
+                "was not used"
             )
         return None
     assert schedule is not None and o.profile is not None
@@ -515,7 +518,44 @@ def _replan_spec(
         on_drift=o.on_drift,
         mode=o.mode,
         time_limit=o.time_limit,
+        costs=o.costs,
     )
+
+
+def _check_adaptive(
+    spec: ReplanSpec, job: Job, schedule: Schedule | None, warnings: list[str]
+) -> None:
+    """What `--adaptive` needs: a probe to measure (the job's probe batches), a profile whose
+    groups have gradient traces (the `measured` sensitivity reads them), 2 microbatches or more;
+    and full-update windows after warm-up, or it measures once."""
+    if job.probe_batches < 1:
+        raise InputError(
+            f"{option('replan.costs')} measures the loss costs on the job's probe batches, and job "
+            f"{job.name} has probe_batches: 0; set it to 1 or more"
+        )
+    prof = spec.profile
+    traced = {(t.stage, t.group) for t in prof.gradients if t.step_sq_norms}
+    untraced = [
+        (st.stage, g.name)
+        for st in prof.stages
+        for g in st.groups
+        if (st.stage, g.name) not in traced
+    ]
+    if untraced or prof.pipeline.n_microbatches < 2:
+        why = (
+            f"stage {untraced[0][0]} group {untraced[0][1]!r} has no gradient trace in the profile"
+            if untraced
+            else "the pipeline has fewer than 2 microbatches"
+        )
+        raise InputError(
+            f"{option('replan.costs')} re-plans with the measured sensitivity, but {why}; "
+            "profile the job with gradient_traces: true and 2 microbatches or more"
+        )
+    if schedule is not None and schedule.phases.full_update_every == 0:
+        warnings.append(
+            f"{option('replan.costs')} measures the loss costs in warm-up and full-update windows, "
+            "and the schedule has no windows after warm-up (full_update_every 0): it re-plans once"
+        )
 
 
 def _resumable(root: Path) -> str:

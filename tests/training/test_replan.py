@@ -409,7 +409,7 @@ def test_replan_needs_a_schedule_and_a_fitting_profile(tmp_path: Path) -> None:
     from freezeopt.formats.profile import save_profile
 
     job = small_job()
-    with pytest.raises(InputError, match=r"^replan\.every and replan\.on_drift need schedule$"):
+    with pytest.raises(InputError, match=r"^replan\.every, replan\.on_drift and replan\.costs need schedule$"):
         TrainOptions(steps=3, out_dir=tmp_path / "x", replan=ReplanOptions(every=2))
     sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0"}})
     other = synth_profile(SynthOptions(ranks=2, microbatches=4, groups=2))
@@ -426,3 +426,160 @@ def test_replan_needs_a_schedule_and_a_fitting_profile(tmp_path: Path) -> None:
             ),
         )
     assert not (tmp_path / "x").exists()
+
+
+def _window(profile: Any, drops: dict[tuple[int, str], float], steps: int = 3) -> Any:
+    """`WindowCosts` whose probe loss falls by `drops[(stage, group)]` per group over `steps`."""
+    from freezeopt.training.replan import WindowCosts
+
+    per = {k: -d / steps for k, d in drops.items()}
+    loss = [4.0]
+    for _ in range(steps):
+        loss.append(loss[-1] + sum(per.values()))
+    return WindowCosts(
+        loss_change={k: (v,) * steps for k, v in per.items()}, probe_loss=tuple(loss)
+    )
+
+
+def test_replans_from_a_windows_loss_costs_open_and_close_the_gate(tmp_path: Path) -> None:
+    """A window whose progress comes from one group makes freezing the others pay (the re-plan
+    freezes them); one whose progress is spread evenly makes no plan pay (the re-plan freezes
+    nothing, and is adopted: the current plan's time to quality is then worse than not freezing).
+    The time-to-quality solve keeps the schedule's budget cap."""
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.schedule import Drift, Phases
+    from freezeopt.solver import SolveOptions
+    from tests.model.test_sensitivity import _probed
+
+    prof = synth_profile(SynthOptions(schedule="1F1B", ranks=2, microbatches=4, groups=4))
+    keys = [(st.stage, g.name) for st in prof.stages for g in st.groups]
+    even = {k: 0.1 for k in keys}
+    one = {k: (0.4 if k == keys[-1] else 0.0005) for k in keys}  # the last group's progress
+    prof = _probed(prof, even)
+    path = tmp_path / "p.json"
+    save_profile(prof, path)
+    phases = Phases(warmup_steps=2, full_update_every=0, drift=Drift(step_time_error=1e6))
+    opts = SolveOptions(budget=0.5, objective="ttq", sensitivity="measured")
+    _, sched = solve_file(path, opts, phases=phases, out=None)
+    assert not sched.frozen  # even shares: nothing pays
+    spec = ReplanSpec(profile=prof, profile_sha256=profile_sha256(prof), costs=True)
+    measured = {str(a): c for a, c in build_dag(prof).cost.items()}
+
+    opened = replan(spec, sched, measured, step=1, reason="costs", costs=_window(prof, one))
+    assert opened.adopted and opened.schedule.frozen, opened.why
+    new = opened.schedule
+    assert new.provenance.objective == "ttq" and new.provenance.budget_cap == 0.5
+    assert new.provenance.sensitivity == "measured"
+    assert new.prediction.time_to_quality < 0.95
+    assert new.prediction.signal_dropped <= 0.5 + 1e-9
+    frozen_groups = {(s, g) for s, per in new.frozen.items() for g in per}
+    assert (keys[-1][0], keys[-1][1]) not in frozen_groups  # the group that makes the progress
+
+    closed = replan(spec, new, measured, step=9, reason="costs", costs=_window(prof, even))
+    assert closed.adopted and not closed.schedule.frozen, closed.why
+    assert "no_gain" in closed.status or closed.schedule.prediction.time_to_quality == 1.0
+
+    # the same window again: the same plan, not adopted
+    again = replan(spec, new, measured, step=9, reason="costs", costs=_window(prof, one))
+    assert not again.adopted and again.why == "the same plan"
+
+
+def test_a_window_must_cover_every_group_and_its_steps() -> None:
+    from freezeopt.training.replan import WindowCosts, with_window_costs
+    from tests.model.test_sensitivity import _probed
+
+    prof = synth_profile(SynthOptions(schedule="1F1B", ranks=2, microbatches=4, groups=2))
+    keys = [(st.stage, g.name) for st in prof.stages for g in st.groups]
+    prof = _probed(prof, {k: 0.1 for k in keys})
+    got = with_window_costs(prof, _window(prof, {k: 0.2 for k in keys}, steps=2))
+    assert all(t.loss_change == (-0.1, -0.1) for t in got.gradients)
+    assert got.probe is not None and len(got.probe.loss) == 3
+    assert got.probe.batches == prof.probe.batches  # and the branch runs' calibration kept
+    with pytest.raises(ValueError, match="no loss change for stage"):
+        with_window_costs(prof, WindowCosts(loss_change={}, probe_loss=(1.0,)))
+    bad = _window(prof, {k: 0.2 for k in keys}, steps=2)
+    with pytest.raises(ValueError, match="same steps"):
+        with_window_costs(prof, WindowCosts(loss_change=bad.loss_change, probe_loss=(1.0,)))
+
+
+@pytest.mark.slow
+def test_adaptive_run_measures_loss_costs_in_its_windows_and_replans_from_them(
+    tmp_path: Path, small_profile: Path
+) -> None:
+    """`--adaptive`: warm-up and each full-update window (by the schedule's cadence) measure the
+    probe's loss-change allocation on every rank; at a window's last step the run re-plans by
+    time to quality from it (reason `costs`), and the event says what the window measured — its
+    groups' shares add up to the probe loss's change. The probe passes' time is `probe_ms`, in
+    those steps only."""
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.schedule import Drift, Phases
+    from freezeopt.solver import SolveOptions
+
+    phases = Phases(
+        warmup_steps=3, full_update_every=4, full_update_steps=2, drift=Drift(step_time_error=1e6)
+    )
+    opts = SolveOptions(budget=0.3, objective="ttq", sensitivity="measured", mode="heuristic")
+    sched = tmp_path / "s.yaml"
+    solve_file(small_profile, opts, phases=phases, out=sched)
+    rep = train_job(
+        small_job(),
+        TrainOptions(
+            schedule=sched,
+            steps=14,
+            out_dir=tmp_path / "run",
+            progress=False,
+            replan=ReplanOptions(profile=small_profile, costs=True),
+        ),
+    )
+    rows = [m for m in metrics(tmp_path / "run") if "step_ms" in m]
+    # the cost windows: warm-up 0-2, then 2 steps from every 4th step after it (7-8, 11-12)
+    windows = {0, 1, 2, 7, 8, 11, 12}
+    assert {m["step"] for m in rows if m["probe_ms"] > 0} == windows
+    assert all(m["probe_ms"] == 0 for m in rows if m["step"] not in windows)
+    assert all(not m["freezing"] for m in rows if m["step"] in windows)
+    evs = [e for e in rep.events if e["event"].startswith("replan")]
+    assert evs and all(e["reason"] == "costs" for e in evs), evs
+    assert all(e["event"] != "replan_failed" for e in evs), evs
+    first = evs[0]
+    assert first["trigger_step"] == 2  # the warm-up's window, re-planned at once
+    w = first["window"]
+    assert w["steps"] == 3
+    change = w["probe_loss"][1] - w["probe_loss"][0]
+    assert change < 0 and w["allocated"] == pytest.approx(change, rel=0.2)
+    new = load_schedule(Path(first["file"]))
+    assert new.provenance.objective == "ttq" and new.provenance.sensitivity == "measured"
+    assert new.provenance.budget_cap == 0.3
+    # later windows re-plan at their end, or once the re-plan in flight is in
+    assert all(8 <= e["trigger_step"] <= 12 for e in evs[1:]), evs
+
+    # measuring leaves training as it was: the same schedule without --adaptive, the same
+    # losses up to the first adopted re-plan
+    plain = train_job(
+        small_job(),
+        TrainOptions(schedule=sched, steps=14, out_dir=tmp_path / "plain", progress=False),
+    )
+    switch = min((e["step"] for e in evs if e["event"] == "replan"), default=14)
+    mine = [m["loss"] for m in rows if m["step"] < switch]
+    theirs = [m["loss"] for m in metrics(tmp_path / "plain") if "step_ms" in m][:switch]
+    assert mine == theirs and len(mine) == switch
+    assert plain.replans == 0
+
+
+def test_adaptive_needs_a_probe_and_gradient_traces(tmp_path: Path, small_profile: Path) -> None:
+    from freezeopt.errors import InputError
+
+    sched = write_schedule(tmp_path / "s.yaml", small_job(), {})
+    for job, says in ((small_job(probe_batches=0), "probe_batches: 0"),):
+        with pytest.raises(InputError, match=says):
+            train_job(
+                job,
+                TrainOptions(
+                    schedule=sched,
+                    steps=2,
+                    out_dir=tmp_path / "run",
+                    progress=False,
+                    replan=ReplanOptions(profile=small_profile, costs=True),
+                ),
+            )
+    with pytest.raises(InputError, match="pass one of them"):
+        ReplanOptions(profile=small_profile, costs=True, every=4)
