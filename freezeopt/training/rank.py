@@ -24,7 +24,8 @@ CUDA-event cost), classified as freezing or full-update steps; the last 16 of ea
 full per-action timeline for the measured Gantt. Rank 0 appends events and per-step scalars to
 `events.jsonl` and `metrics.jsonl` as they happen (and to TensorBoard when installed).
 
-Online re-planning (`TrainSpec.replan`, `freezeopt.training.replan`): every measured step adds each action's
+Online re-planning (`TrainSpec.replan`; the steps are `freezeopt.training.online`, the solve
+`freezeopt.training.replan`): every measured step adds each action's
 full-cost estimate (its measured cost plus the profile's cost of the groups it skipped) to a
 window. When a re-plan is due — after every `every`-th step, or when the step-time drift rule
 fires with `on_drift` — and none is in flight, the ranks all-gather their windows' medians and rank
@@ -67,7 +68,6 @@ from typing import Any
 import yaml
 
 from freezeopt.errors import MismatchError
-from freezeopt.fileio import atomic_write_text
 from freezeopt.formats.schedule import Schedule, parse_schedule
 from freezeopt.torchpp import checkpoint as ckpt
 from freezeopt.torchpp.faults import Fault, corrupt, damage_file
@@ -79,18 +79,11 @@ from freezeopt.torchpp.pipeline import (
     build_rank_pipeline,
     device_name,
     make_schedule,
-    probe_loss,
     validation_loss,
 )
+from freezeopt.training.online import OnlinePlanning
 from freezeopt.training.options import TrainOptions
-from freezeopt.training.replan import (
-    MIN_SAMPLES,
-    CostWindow,
-    ReplanSpec,
-    WindowCosts,
-    skipped_ms,
-)
-from freezeopt.training.replan_worker import ReplanWorker
+from freezeopt.training.replan import ReplanSpec
 from freezeopt.training.runlog import RunLog
 
 __all__ = ["RankTrainResult", "TrainSpec", "train_rank"]
@@ -153,7 +146,7 @@ def train_rank(spec: TrainSpec, ctx: RankContext) -> RankTrainResult:
     return _Trainer(spec, ctx).run()
 
 
-class _Trainer:
+class _Trainer(OnlinePlanning):
     def __init__(self, spec: TrainSpec, ctx: RankContext) -> None:
         self.spec, self.job, self.plan = spec, spec.job, spec.plan
         self.rank, self.world, self.device, self.beat = ctx.rank, ctx.world, ctx.device, ctx.beat
@@ -173,23 +166,7 @@ class _Trainer:
         """Stage → the parameters of each freezing unit (groups, or single tensors)."""
         rs = spec.replan if spec.replan is not None and spec.replan.enabled else None
         self.replan_spec = rs if spec.schedule is not None else None
-        self.window = CostWindow()
-        self.plan_version = 0
-        self.plan_text: str | None = None
-        """YAML of the adopted re-plan in use (None: the schedule file's plan)."""
-        self.inflight: tuple[int, str] | None = None
-        """(trigger step, reason) of the re-plan being solved."""
-        self.solver = ReplanWorker()
-        """Rank 0: solves re-plans in a background process (which keeps the run's warm LP)."""
-        self.solve_ready = False
-        self.drift_replan = False
-        self.lca: Any = None
-        """Adaptive freezing: the loss-cost measurement of the current full-update window."""
-        self.window_costs: WindowCosts | None = None
-        """A finished window's loss costs, waiting for the re-plan they start."""
-        self.inflight_costs: WindowCosts | None = None
-        """Rank 0: the loss costs the re-plan in flight solves from."""
-        self.probe_ms = 0.0
+        self.init_online()
 
     # -- setup --------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -266,161 +243,6 @@ class _Trainer:
                         if k
                     )
         return out
-
-    # -- online re-planning ---------------------------------------------------------------------
-    def _add_costs(self, freezing: bool) -> None:
-        """This step's per-action full-cost estimates into the window (see the module docstring)."""
-        rs, ctrl = self.replan_spec, self.ctrl
-        assert rs is not None and ctrl is not None
-        stages = rs.profile.stages
-        costs: dict[str, float] = {}
-        for s, kind, mb, _, _, cost in self.records:
-            c = float(cost)
-            if freezing and kind in ("B", "W"):
-                c += skipped_ms(
-                    [g.weight_grad_ms.median for g in stages[s].groups],
-                    ctrl.frozen_groups(s, mb),
-                    unit=ctrl.unit,
-                    tensors=[len(idx) for _, idx in self.rp.group_idx[s]],
-                )
-            costs[f"{s}{kind}{mb}"] = c
-        self.window.add(costs)
-
-    def _replan_boundary(self, step: int) -> None:
-        """After every step (identically on every rank): switch to a finished re-plan, then start
-        one when due."""
-        rs = self.replan_spec
-        assert rs is not None
-        if self.solve_ready:
-            self._apply_replan(step)
-        reason = None
-        if self.window_costs is not None:
-            reason = "costs"
-        elif self.drift_replan:
-            reason = "step_time"
-        elif rs.every and (step + 1) % rs.every == 0:
-            reason = "every"
-        if (
-            reason is not None
-            and self.inflight is None
-            # a window's loss costs re-plan on the profile's action costs where none are measured
-            and (len(self.window) >= MIN_SAMPLES or reason == "costs")
-            and step + 1 < self.spec.options.steps  # no step left to run a new plan
-        ):
-            self._start_replan(step, reason)
-
-    def _start_replan(self, step: int, reason: str) -> None:
-        import torch.distributed as dist
-
-        rs, ctrl = self.replan_spec, self.ctrl
-        assert rs is not None and ctrl is not None
-        gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, self.window.medians())
-        self.inflight = (step, reason)
-        costs = None
-        if reason == "costs":
-            costs, self.window_costs = self.window_costs, None
-        if self.rank != 0:
-            return
-        self.inflight_costs = costs
-        measured = {a: c for d in gathered for a, c in d.items()}
-        delay = sum(f.ms for f in self.faults if f.kind == "slow_replan") / 1e3
-        self.solver.submit(
-            rs, ctrl.schedule, measured, step=step, reason=reason, delay_s=delay, costs=costs
-        )
-
-    # -- adaptive freezing: loss costs measured in full-update windows --------------------------
-    def _cost_window(self, step: int) -> bool:
-        """Whether `step` is in warm-up or a full-update window by the schedule's cadence (where
-        an adaptive run measures loss costs), whatever the current plan freezes."""
-        from freezeopt.training.runtime import in_full_window
-
-        rs, ctrl = self.replan_spec, self.ctrl
-        if rs is None or not rs.costs or ctrl is None or step >= self.spec.options.steps:
-            return False
-        ph = ctrl.schedule.phases
-        return step < ph.warmup_steps or in_full_window(ph, step)
-
-    def _probe(self) -> float | None:
-        """The probe loss with its gradient in `.grad`, every rank together."""
-        return probe_loss(
-            self.rp, first=self.job.val_batches, batches=self.job.probe_batches, grad=True
-        )
-
-    def _end_cost_window(self) -> None:
-        """Every rank, after a window's last step: gather its loss costs, which start a re-plan
-        at this step's boundary (every rank decides alike from the same gathered data)."""
-        import torch.distributed as dist
-
-        lca, self.lca = self.lca, None
-        gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, (dict(lca.changes), list(lca.losses)))
-        steps = {len(v) for ch, _ in gathered for v in ch.values()}
-        probe = next((ls for _, ls in gathered if ls and ls[0] is not None), None)
-        if (
-            len(steps) != 1
-            or steps == {0}
-            or probe is None
-            or len(probe) != next(iter(steps)) + 1
-            or any(x is None or not math.isfinite(x) for x in probe)
-        ):
-            return  # a window cut short (a rollback) or a non-finite probe: nothing to go on
-        changes = {k: tuple(v) for ch, _ in gathered for k, v in ch.items()}
-        self.window_costs = WindowCosts(loss_change=changes, probe_loss=tuple(probe))
-
-    def _apply_replan(self, step: int) -> None:
-        """Every rank, after the step whose all-reduce said the solve is done (or after the last
-        step, once rank 0 has waited for it): receive the outcome from rank 0 and run the new plan
-        from step `step + 1` on."""
-        import torch.distributed as dist
-
-        assert self.inflight is not None and self.ctrl is not None
-        trigger, reason = self.inflight
-        at = step + 1
-        payload: dict[str, Any] | None = None
-        if self.rank == 0:
-            out = self.solver.result()
-            if isinstance(out, str):
-                ev = {"step": at, "event": "replan_failed", "reason": reason, "error": out}
-                payload = {"event": ev, "text": None}
-            else:
-                path = self.out / "replans" / f"step-{at:08d}.yaml"
-                atomic_write_text(path, out.text)
-                ev = {
-                    "step": at,
-                    "event": "replan" if out.adopted else "replan_rejected",
-                    "reason": reason,
-                    "trigger_step": trigger,
-                    "old_predicted_ms": round(out.old_predicted_ms, 4),
-                    "new_predicted_ms": round(out.new_predicted_ms, 4),
-                    "baseline_ms": round(out.baseline_ms, 4),
-                    "why": out.why,
-                    "status": out.status,
-                    "solve_s": round(out.solve_s, 3),
-                    "warm": out.warm,
-                    "file": str(path),
-                }
-                wc = self.inflight_costs
-                if reason == "costs" and wc is not None:
-                    # what the window measured: the probe loss over it, and the groups' shares
-                    # of its change together (they add up to it: loss-change allocation)
-                    ev["window"] = {
-                        "steps": len(wc.probe_loss) - 1,
-                        "probe_loss": [wc.probe_loss[0], wc.probe_loss[-1]],
-                        "allocated": sum(sum(v) for v in wc.loss_change.values()),
-                    }
-                payload = {"event": ev, "text": out.text if out.adopted else None}
-        box: list[Any] = [payload]
-        dist.broadcast_object_list(box, src=0)
-        payload = box[0]
-        assert payload is not None
-        text = payload["text"]
-        if text is not None:
-            self.ctrl.set_schedule(parse_schedule(yaml.safe_load(text), source="re-plan"))
-            self.plan_version += 1
-            self.plan_text = text
-        self.log.add_events([payload["event"]])
-        self.inflight, self.solve_ready = None, False
 
     def _frozen(self, stage: int, mb: int) -> frozenset[int]:
         assert self.ctrl is not None

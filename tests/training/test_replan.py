@@ -409,7 +409,9 @@ def test_replan_needs_a_schedule_and_a_fitting_profile(tmp_path: Path) -> None:
     from freezeopt.formats.profile import save_profile
 
     job = small_job()
-    with pytest.raises(InputError, match=r"^replan\.every, replan\.on_drift and replan\.costs need schedule$"):
+    with pytest.raises(
+        InputError, match=r"^replan\.every, replan\.on_drift and replan\.costs need schedule$"
+    ):
         TrainOptions(steps=3, out_dir=tmp_path / "x", replan=ReplanOptions(every=2))
     sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0"}})
     other = synth_profile(SynthOptions(ranks=2, microbatches=4, groups=2))

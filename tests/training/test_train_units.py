@@ -220,7 +220,8 @@ def test_a_profile_without_re_planning_is_said_to_be_unused() -> None:
     off = _replan_spec(None, ReplanOptions(profile=Path("p.json")), warnings=warnings)
     assert off is None and warnings == [
         "--profile is read only for online re-planning and the tracked Gantt chart; "
-        "without --replan-every, --replan-on-drift, --mlflow or --tensorboard it was not used"
+        "without --replan-every, --replan-on-drift, --adaptive, --mlflow or --tensorboard it "
+        "was not used"
     ]
     tracked: list[str] = []  # a tracked run draws its Gantt chart from the profile
     _replan_spec(None, ReplanOptions(profile=Path("p.json")), warnings=tracked, for_gantt=True)
