@@ -117,33 +117,30 @@ class CostMeter:
         last: int,
         clock: Any,
         beat: Any,
-        captured_in: dict[int, tuple[Any, ...]],
-        captured_grads: dict[int, list[Any]],
-        captured_target: Any,
+        captured: Capture,
     ) -> None:
         self.mods, self.params, self.group_idx = mods, params, group_idx
         self.loss_fn, self.last, self.clock, self.beat = loss_fn, last, clock, beat
-        self.captured_in, self.captured_grads = captured_in, captured_grads
-        self.captured_target = captured_target
+        self.captured = captured
 
     def _stage_graph(self, s: int) -> tuple[list[Any], list[Any] | None, list[Any]]:
         """A fresh forward of stage `s` on the captured microbatch: (outputs, output grads, inputs)."""
         import torch
 
-        if s not in self.captured_in:
+        if s not in self.captured.inputs:
             raise RuntimeError(
                 f"stage {s}: no microbatch input was captured for the cost measurement"
             )
         inp = tuple(
             a.detach().clone().requires_grad_(a.requires_grad) if hasattr(a, "detach") else a
-            for a in self.captured_in[s]
+            for a in self.captured.inputs[s]
         )
         with torch.enable_grad():
             raw = self.mods[s](*inp)
             if s == self.last:
-                return [self.loss_fn(raw, self.captured_target)], None, list(inp)
+                return [self.loss_fn(raw, self.captured.target)], None, list(inp)
         seq = list(raw) if isinstance(raw, tuple) else [raw]
-        slots = self.captured_grads.get(s, [])
+        slots = self.captured.grads.get(s, [])
         pairs = [(t, g) for t, g in zip(seq, slots, strict=False) if g is not None]
         if not pairs:
             raise RuntimeError(

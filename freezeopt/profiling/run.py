@@ -423,9 +423,7 @@ class _Runner:
             last=self.last,
             clock=self.clock,
             beat=self.beat,
-            captured_in=self.cap.inputs,
-            captured_grads=self.cap.grads,
-            captured_target=self.cap.target,
+            captured=self.cap,
         ).group_costs(self._cost_modes(), self.job.cost_samples)
         self.beat.tick(2 + total)
         self.beat.set_phase("lags")

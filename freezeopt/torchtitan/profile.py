@@ -52,7 +52,7 @@ from freezeopt.torchpp.job import Job
 from freezeopt.torchpp.pipeline import Clock, device_name, plan_pipeline
 from freezeopt.torchtitan.groups import stage_groups
 
-__all__ = ["Profiler", "profile_job"]
+__all__ = ["Profiler", "titan_job"]
 
 
 class _NoProgress:
@@ -62,7 +62,7 @@ class _NoProgress:
         return None
 
 
-def profile_job(job_config: Any, cfg: Any, n_stages_here: int, device: Any) -> Job:
+def titan_job(job_config: Any, cfg: Any, n_stages_here: int, device: Any) -> Job:
     """The torchtitan job as a freezeopt `Job`: what the profile's provenance records, and the
     pipeline shape (`plan_pipeline`) its measurements are checked against."""
     par, model, training = job_config.parallelism, job_config.model, job_config.training
@@ -163,7 +163,7 @@ class Profiler:
         self.stages = schedule_stages(trainer.pp_schedule)
         self.my = tuple(st.stage_index for st in self.stages)
         self.device = trainer.device
-        self.job = profile_job(jc, cfg, len(self.stages), self.device)
+        self.job = titan_job(jc, cfg, len(self.stages), self.device)
         self.plan = plan_pipeline(self.job)
         if self.plan.stages_of(self.rank) != self.my:
             raise MismatchError(
@@ -430,9 +430,7 @@ class Profiler:
             last=self.last,
             clock=self.clock,
             beat=beat,
-            captured_in=self.cap.inputs,
-            captured_grads=self.cap.grads,
-            captured_target=self.cap.target,
+            captured=self.cap,
         ).group_costs(modes, job.cost_samples)
         with torch.no_grad():
             for st, mod in self.mods.items():

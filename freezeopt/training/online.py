@@ -10,7 +10,10 @@ rank's trainer, whose attributes it reads.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +146,41 @@ class OnlinePlanning:
         ph = ctrl.schedule.phases
         return step < ph.warmup_steps or in_full_window(ph, step)
 
+    @contextlib.contextmanager
+    def _probe_time(self) -> Iterator[None]:
+        """Count the block's wall time, the device's work included, in this step's `probe_ms`."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.clock.sync()
+            self.probe_ms += (time.perf_counter() - t0) * 1e3
+
+    def _start_cost_window(self) -> None:
+        """Before a window's first step: the probe loss and its gradient where it starts."""
+        from freezeopt.profiling.loss_cost import LcaTracker
+
+        rp = self.rp
+        with self._probe_time():
+            self.lca = LcaTracker(
+                [
+                    (s, g, [rp.params[s][i] for i in idx])
+                    for s in rp.stages
+                    for g, idx in rp.group_idx[s]
+                ]
+            )
+            self.lca.start(self._probe)
+
+    def _cost_snapshot(self) -> list[list[Any]]:
+        """The window's groups' parameters as they are, before an optimizer step."""
+        with self._probe_time():
+            return [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
+
+    def _cost_step(self, before: list[list[Any]]) -> None:
+        """After a window step's update (from `before`): each group's share of the probe's change."""
+        with self._probe_time():
+            self.lca.step(self._probe, before)
+
     def _probe(self) -> float | None:
         """The probe loss with its gradient in `.grad`, every rank together."""
         return probe_loss(
@@ -156,7 +194,8 @@ class OnlinePlanning:
 
         lca, self.lca = self.lca, None
         gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, (dict(lca.changes), list(lca.losses)))
+        with self._probe_time():
+            dist.all_gather_object(gathered, (dict(lca.changes), list(lca.losses)))
         steps = {len(v) for ch, _ in gathered for v in ch.values()}
         probe = next((ls for _, ls in gathered if ls and ls[0] is not None), None)
         if (

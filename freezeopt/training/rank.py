@@ -426,19 +426,7 @@ class _Trainer(OnlinePlanning):
         self.probe_ms = 0.0
         measuring = self._cost_window(step) and not freezing
         if measuring and self.lca is None:
-            from freezeopt.profiling.loss_cost import LcaTracker
-
-            t_probe = time.perf_counter()
-            self.lca = LcaTracker(
-                [
-                    (s, g, [rp.params[s][i] for i in idx])
-                    for s in rp.stages
-                    for g, idx in rp.group_idx[s]
-                ]
-            )
-            self.lca.start(self._probe)
-            self.clock.sync()
-            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
+            self._start_cost_window()
         x, y = rp.data.train(step)
         if any(
             f.kind == "corrupt_batch" and f.step <= step < f.step + f.steps for f in self.faults
@@ -514,19 +502,12 @@ class _Trainer(OnlinePlanning):
             if spike is not None:
                 for g in rp.optimizer.param_groups:
                     g["lr"] = g["lr"] * spike.factor
-            before = None
-            if measuring and self.lca is not None:
-                t_probe = time.perf_counter()
-                before = [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
-                self.probe_ms += (time.perf_counter() - t_probe) * 1e3
+            before = self._cost_snapshot() if measuring and self.lca is not None else None
             tok = self.clock.start()
             rp.optimizer.step()
             opt_ms = self.clock.resolve(self.clock.stop(tok))
             if before is not None:
-                t_probe = time.perf_counter()
-                self.lca.step(self._probe, before)
-                self.clock.sync()
-                self.probe_ms += (time.perf_counter() - t_probe) * 1e3
+                self._cost_step(before)
             for g, lr in zip(rp.optimizer.param_groups, saved, strict=True):
                 g["lr"] = lr
         else:
@@ -536,18 +517,12 @@ class _Trainer(OnlinePlanning):
                     [{"step": step, "event": "nonfinite", "loss": str(loss), "update": "skipped"}]
                 )
         if measuring and self.lca is not None and nonfinite:  # no update: no change to share
-            t_probe = time.perf_counter()
-            self.lca.step(
-                self._probe, [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
-            )
-            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
+            self._cost_step(self._cost_snapshot())
         if decision is not None and decision.rollback:
             self._rollback(step)
             self.lca = None  # the window's weights are gone
         if self.lca is not None and not self._cost_window(step + 1):
-            t_probe = time.perf_counter()
             self._end_cost_window()
-            self.probe_ms += (time.perf_counter() - t_probe) * 1e3
         rec = {
             "step": step,
             "phase": phase,
