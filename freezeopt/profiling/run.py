@@ -292,11 +292,7 @@ class _Runner:
                 threading.Event().wait()  # injected hang: block forever
             self.beat.computing(s, kind, mb)
             self.cur = (s, kind, mb)
-            c0 = self.clock.start()
-            t0 = time.perf_counter()
-            out = run()
-            t1 = time.perf_counter()
-            cost = self.clock.stop(c0)
+            out, t0, t1, cost = self.clock.timed(run)
             self.cur = None
             self.beat.idle()
             rec = [self.step_idx, s, kind, mb, t0, t1, cost]

@@ -238,11 +238,7 @@ class Profiler:
             if not self.active:  # validation's forwards, and everything once profiling is done
                 return run()
             self.cur = (s, kind, mb)
-            c0 = self.clock.start()
-            t0 = time.perf_counter()
-            out = run()
-            t1 = time.perf_counter()
-            cost = self.clock.stop(c0)
+            out, t0, t1, cost = self.clock.timed(run)
             self.cur = None
             rec = [self.step_idx - self.job.warmup_steps, s, kind, mb, t0, t1, cost]
             if self.recording:

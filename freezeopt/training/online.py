@@ -25,6 +25,7 @@ from freezeopt.torchpp.faults import Fault
 from freezeopt.torchpp.job import Job
 from freezeopt.torchpp.pipeline import Clock, probe_loss
 from freezeopt.training.replan import (
+    LCA_STEPS,
     MIN_SAMPLES,
     CostWindow,
     ReplanSpec,
@@ -71,6 +72,10 @@ class OnlinePlanning:
         """A finished window's loss costs, waiting for the re-plan they start."""
         self.inflight_costs: WindowCosts | None = None
         """Rank 0: the loss costs the re-plan in flight solves from."""
+        self.lca_from: list[list[Any]] | None = None
+        """The measured groups' parameters where the current loss-cost measurement started."""
+        self.lca_steps = 0
+        """Optimizer updates since then."""
         self.probe_ms = 0.0
 
     def _add_costs(self, freezing: bool) -> None:
@@ -156,8 +161,16 @@ class OnlinePlanning:
             self.clock.sync()
             self.probe_ms += (time.perf_counter() - t0) * 1e3
 
+    def _cost_due(self, step: int) -> bool:
+        """Whether a loss-cost measurement starts before `step`: the step is in a window and at
+        most `LCA_STEPS` of the window are left from it (a window measures its last steps only)."""
+        return (
+            self.lca is None and self._cost_window(step) and not self._cost_window(step + LCA_STEPS)
+        )
+
     def _start_cost_window(self) -> None:
-        """Before a window's first step: the probe loss and its gradient where it starts."""
+        """Before a measured stretch's first step: the probe loss and its gradient, and the
+        groups' parameters, where it starts."""
         from freezeopt.profiling.loss_cost import LcaTracker
 
         rp = self.rp
@@ -170,16 +183,8 @@ class OnlinePlanning:
                 ]
             )
             self.lca.start(self._probe)
-
-    def _cost_snapshot(self) -> list[list[Any]]:
-        """The window's groups' parameters as they are, before an optimizer step."""
-        with self._probe_time():
-            return [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
-
-    def _cost_step(self, before: list[list[Any]]) -> None:
-        """After a window step's update (from `before`): each group's share of the probe's change."""
-        with self._probe_time():
-            self.lca.step(self._probe, before)
+            self.lca_from = [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
+        self.lca_steps = 0
 
     def _probe(self) -> float | None:
         """The probe loss with its gradient in `.grad`, every rank together."""
@@ -188,26 +193,30 @@ class OnlinePlanning:
         )
 
     def _end_cost_window(self) -> None:
-        """Every rank, after a window's last step: gather its loss costs, which start a re-plan
-        at this step's boundary (every rank decides alike from the same gathered data)."""
+        """Every rank, after a window's last step: each group's share of the probe loss's change
+        since the measurement started (one trapezoid over its steps), gathered; they start a
+        re-plan at this step's boundary (every rank decides alike from the same gathered data)."""
         import torch.distributed as dist
 
         lca, self.lca = self.lca, None
+        start, self.lca_from = self.lca_from, None
+        if self.lca_steps < 1:  # no update measured (non-finite steps): nothing to go on
+            return
         gathered: list[Any] = [None] * self.world
         with self._probe_time():
+            lca.step(self._probe, start)
             dist.all_gather_object(gathered, (dict(lca.changes), list(lca.losses)))
-        steps = {len(v) for ch, _ in gathered for v in ch.values()}
         probe = next((ls for _, ls in gathered if ls and ls[0] is not None), None)
         if (
-            len(steps) != 1
-            or steps == {0}
-            or probe is None
-            or len(probe) != next(iter(steps)) + 1
+            probe is None
+            or len(probe) != 2
             or any(x is None or not math.isfinite(x) for x in probe)
         ):
-            return  # a window cut short (a rollback) or a non-finite probe: nothing to go on
+            return  # a non-finite probe: nothing to go on
         changes = {k: tuple(v) for ch, _ in gathered for k, v in ch.items()}
-        self.window_costs = WindowCosts(loss_change=changes, probe_loss=tuple(probe))
+        self.window_costs = WindowCosts(
+            loss_change=changes, probe_loss=tuple(probe), steps=self.lca_steps
+        )
 
     def _apply_replan(self, step: int) -> None:
         """Every rank, after the step whose all-reduce said the solve is done (or after the last
@@ -246,7 +255,7 @@ class OnlinePlanning:
                     # what the window measured: the probe loss over it, and the groups' shares
                     # of its change together (they add up to it: loss-change allocation)
                     ev["window"] = {
-                        "steps": len(wc.probe_loss) - 1,
+                        "steps": wc.steps,
                         "probe_loss": [wc.probe_loss[0], wc.probe_loss[-1]],
                         "allocated": sum(sum(v) for v in wc.loss_change.values()),
                     }

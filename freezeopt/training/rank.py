@@ -42,9 +42,9 @@ active plan is part of every checkpoint, so a resume continues with it.
 Adaptive freezing (`ReplanSpec.costs`, `freezeopt train --adaptive`): in the full-update steps
 of warm-up and of each full-update window (by the schedule's cadence, whatever the current plan
 freezes), every rank measures each of its groups' share of the held-out probe loss's change
-(`freezeopt.profiling.loss_cost.LcaTracker`: the probe loss and its gradient before the window's
-first step and after each step, a plain pass stage by stage); at the window's last step the ranks
-all-gather the shares and rank 0 starts a time-to-quality re-plan from them (reason `costs`), adopted
+(`freezeopt.profiling.loss_cost.LcaTracker`: the probe loss and its gradient before the last
+`LCA_STEPS` steps of the window and after them, a plain pass stage by stage; one trapezoid over
+the stretch); at the window's last step the ranks all-gather the shares and rank 0 starts a time-to-quality re-plan from them (reason `costs`), adopted
 as any re-plan is. The probe passes' wall time is each step's `probe_ms` in `metrics.jsonl`, part
 of the run's time (`freezeopt compare` adds it to the step's).
 
@@ -424,8 +424,7 @@ class _Trainer(OnlinePlanning):
 
         rp, ctrl = self.rp, self.ctrl
         self.probe_ms = 0.0
-        measuring = self._cost_window(step) and not freezing
-        if measuring and self.lca is None:
+        if not freezing and self._cost_due(step):
             self._start_cost_window()
         x, y = rp.data.train(step)
         if any(
@@ -502,12 +501,11 @@ class _Trainer(OnlinePlanning):
             if spike is not None:
                 for g in rp.optimizer.param_groups:
                     g["lr"] = g["lr"] * spike.factor
-            before = self._cost_snapshot() if measuring and self.lca is not None else None
             tok = self.clock.start()
             rp.optimizer.step()
             opt_ms = self.clock.resolve(self.clock.stop(tok))
-            if before is not None:
-                self._cost_step(before)
+            if self.lca is not None:
+                self.lca_steps += 1
             for g, lr in zip(rp.optimizer.param_groups, saved, strict=True):
                 g["lr"] = lr
         else:
@@ -516,11 +514,9 @@ class _Trainer(OnlinePlanning):
                 self.log.add_events(
                     [{"step": step, "event": "nonfinite", "loss": str(loss), "update": "skipped"}]
                 )
-        if measuring and self.lca is not None and nonfinite:  # no update: no change to share
-            self._cost_step(self._cost_snapshot())
         if decision is not None and decision.rollback:
             self._rollback(step)
-            self.lca = None  # the window's weights are gone
+            self.lca = self.lca_from = None  # the window's weights are gone
         if self.lca is not None and not self._cost_window(step + 1):
             self._end_cost_window()
         rec = {

@@ -16,8 +16,10 @@ the profile's group costs it holds (the solver subtracts them).
 
 From measured loss costs (`ReplanSpec.costs`, `freezeopt train --adaptive`): at the end of each
 full-update window the run hands over what the window measured of freezing's cost in loss
-(`WindowCosts`: each group's loss-change allocation on the held-out probe per step, and the probe
-loss — what `freezeopt profile` measures, `freezeopt.profiling.loss_cost`), which replaces the
+(`WindowCosts`: each group's loss-change allocation on the held-out probe over the window's last
+`LCA_STEPS` steps at most, from the probe's gradient at their two ends — a trapezoid over the
+stretch, two probe passes per window instead of one per step — and the probe loss there: what
+`freezeopt profile` measures per step, `freezeopt.profiling.loss_cost`), which replaces the
 profile's; the solve is then the time-to-quality one (`solve_ttq`, the `measured` sensitivity,
 under the schedule's budget cap), and the new plan is adopted when it promises less time to quality
 than the current plan does on the same updated model by the solver's margin (`TTQ_MARGIN`: noisy
@@ -71,6 +73,7 @@ from freezeopt.solver.lp_arrays import LpCache
 from freezeopt.solver.ttq import TTQ_MARGIN
 
 __all__ = [
+    "LCA_STEPS",
     "MIN_SAMPLES",
     "WINDOW",
     "CostWindow",
@@ -90,6 +93,9 @@ WINDOW = 5
 """Measured steps whose action costs a re-plan uses (medians over them)."""
 MIN_SAMPLES = 3
 """Measured steps needed in the window before a re-plan may start."""
+LCA_STEPS = 3
+"""Steps at the end of a full-update window (or of warm-up) whose loss costs an adaptive run
+measures: the latest, and few enough for one trapezoid to follow the loss."""
 
 Reason = Literal["every", "step_time", "costs"]
 
@@ -122,9 +128,18 @@ class WindowCosts:
     """What one full-update window measured of freezing's cost in loss."""
 
     loss_change: Mapping[tuple[int, str], tuple[float, ...]]
-    """(stage, group) → its loss-change allocation on the probe in each step of the window."""
+    """(stage, group) → its loss-change allocation on the probe in each measured stretch (a run
+    measures one per window: its last `LCA_STEPS` steps at most)."""
     probe_loss: tuple[float, ...]
-    """The probe loss before each step of the window and after the last."""
+    """The probe loss before each stretch and after the last."""
+    steps: int = 1
+    """Optimizer steps the stretches span together."""
+
+    def __post_init__(self) -> None:
+        if self.steps < max(1, len(self.probe_loss) - 1):
+            raise ValueError(
+                f"a window's costs span at least one step and one per stretch, not {self.steps}"
+            )
 
 
 def with_window_costs(profile: Profile, costs: WindowCosts) -> Profile:

@@ -439,7 +439,7 @@ def _window(profile: Any, drops: dict[tuple[int, str], float], steps: int = 3) -
     for _ in range(steps):
         loss.append(loss[-1] + sum(per.values()))
     return WindowCosts(
-        loss_change={k: (v,) * steps for k, v in per.items()}, probe_loss=tuple(loss)
+        loss_change={k: (v,) * steps for k, v in per.items()}, probe_loss=tuple(loss), steps=steps
     )
 
 
@@ -502,23 +502,28 @@ def test_a_window_must_cover_every_group_and_its_steps() -> None:
     bad = _window(prof, {k: 0.2 for k in keys}, steps=2)
     with pytest.raises(ValueError, match="same steps"):
         with_window_costs(prof, WindowCosts(loss_change=bad.loss_change, probe_loss=(1.0,)))
+    with pytest.raises(ValueError, match="one per stretch"):
+        WindowCosts(loss_change=bad.loss_change, probe_loss=bad.probe_loss, steps=1)
+    # one stretch over 3 steps (an adaptive run's measurement): the shares as they are
+    one = WindowCosts(loss_change={k: (-0.3,) for k in keys}, probe_loss=(4.0, 2.8), steps=3)
+    assert all(t.loss_change == (-0.3,) for t in with_window_costs(prof, one).gradients)
 
 
 @pytest.mark.slow
 def test_adaptive_run_measures_loss_costs_in_its_windows_and_replans_from_them(
     tmp_path: Path, small_profile: Path
 ) -> None:
-    """`--adaptive`: warm-up and each full-update window (by the schedule's cadence) measure the
-    probe's loss-change allocation on every rank; at a window's last step the run re-plans by
-    time to quality from it (reason `costs`), and the event says what the window measured — its
-    groups' shares add up to the probe loss's change. The probe passes' time is `probe_ms`, in
-    those steps only."""
+    """`--adaptive`: the last 3 steps of warm-up and each full-update window (by the schedule's
+    cadence) measure the probe's loss-change allocation on every rank, from the probe at the
+    stretch's two ends; at a window's last step the run re-plans by time to quality from it
+    (reason `costs`), and the event says what the window measured — its groups' shares add up to
+    the probe loss's change. The probe passes' time is `probe_ms`, in those two steps only."""
     from freezeopt.commands import solve_file
     from freezeopt.formats.schedule import Drift, Phases
     from freezeopt.solver import SolveOptions
 
     phases = Phases(
-        warmup_steps=3, full_update_every=4, full_update_steps=2, drift=Drift(step_time_error=1e6)
+        warmup_steps=5, full_update_every=4, full_update_steps=2, drift=Drift(step_time_error=1e6)
     )
     opts = SolveOptions(budget=0.3, objective="ttq", sensitivity="measured", mode="heuristic")
     sched = tmp_path / "s.yaml"
@@ -527,23 +532,23 @@ def test_adaptive_run_measures_loss_costs_in_its_windows_and_replans_from_them(
         small_job(),
         TrainOptions(
             schedule=sched,
-            steps=14,
+            steps=16,
             out_dir=tmp_path / "run",
             progress=False,
             replan=ReplanOptions(profile=small_profile, costs=True),
         ),
     )
     rows = [m for m in metrics(tmp_path / "run") if "step_ms" in m]
-    # the cost windows: warm-up 0-2, then 2 steps from every 4th step after it (7-8, 11-12)
-    windows = {0, 1, 2, 7, 8, 11, 12}
-    assert {m["step"] for m in rows if m["probe_ms"] > 0} == windows
-    assert all(m["probe_ms"] == 0 for m in rows if m["step"] not in windows)
-    assert all(not m["freezing"] for m in rows if m["step"] in windows)
+    # the cost windows: warm-up 0-4 (its last 3 steps measured: probes before step 2 and after
+    # step 4), then 2 steps from every 4th step after it (9-10, 13-14)
+    probes = {2, 4, 9, 10, 13, 14}
+    assert {m["step"] for m in rows if m["probe_ms"] > 0} == probes
+    assert all(not m["freezing"] for m in rows if m["step"] in probes | {3})
     evs = [e for e in rep.events if e["event"].startswith("replan")]
     assert evs and all(e["reason"] == "costs" for e in evs), evs
     assert all(e["event"] != "replan_failed" for e in evs), evs
     first = evs[0]
-    assert first["trigger_step"] == 2  # the warm-up's window, re-planned at once
+    assert first["trigger_step"] == 4  # the warm-up's window, re-planned at once
     w = first["window"]
     assert w["steps"] == 3
     change = w["probe_loss"][1] - w["probe_loss"][0]
@@ -552,15 +557,16 @@ def test_adaptive_run_measures_loss_costs_in_its_windows_and_replans_from_them(
     assert new.provenance.objective == "ttq" and new.provenance.sensitivity == "measured"
     assert new.provenance.budget_cap == 0.3
     # later windows re-plan at their end, or once the re-plan in flight is in
-    assert all(8 <= e["trigger_step"] <= 12 for e in evs[1:]), evs
+    assert all(10 <= e["trigger_step"] <= 14 for e in evs[1:]), evs
+    assert all(e["window"]["steps"] == 2 for e in evs[1:] if "window" in e), evs
 
     # measuring leaves training as it was: the same schedule without --adaptive, the same
     # losses up to the first adopted re-plan
     plain = train_job(
         small_job(),
-        TrainOptions(schedule=sched, steps=14, out_dir=tmp_path / "plain", progress=False),
+        TrainOptions(schedule=sched, steps=16, out_dir=tmp_path / "plain", progress=False),
     )
-    switch = min((e["step"] for e in evs if e["event"] == "replan"), default=14)
+    switch = min((e["step"] for e in evs if e["event"] == "replan"), default=16)
     mine = [m["loss"] for m in rows if m["step"] < switch]
     theirs = [m["loss"] for m in metrics(tmp_path / "plain") if "step_ms" in m][:switch]
     assert mine == theirs and len(mine) == switch
