@@ -192,10 +192,13 @@ class OnlinePlanning:
             self.rp, first=self.job.val_batches, batches=self.job.probe_batches, grad=True
         )
 
-    def _end_cost_window(self) -> None:
+    def _end_cost_window(self, step: int) -> None:
         """Every rank, after a window's last step: each group's share of the probe loss's change
         since the measurement started (one trapezoid over its steps), gathered; they start a
-        re-plan at this step's boundary (every rank decides alike from the same gathered data)."""
+        re-plan at this step's boundary (every rank decides alike from the same gathered data)
+        where the probe loss and the shares' sum fell: shares of a rise (noise, late in
+        training) say nothing of what freezing costs, and the plan stays (a `replan_skipped`
+        event)."""
         import torch.distributed as dist
 
         lca, self.lca = self.lca, None
@@ -214,6 +217,26 @@ class OnlinePlanning:
         ):
             return  # a non-finite probe: nothing to go on
         changes = {k: tuple(v) for ch, _ in gathered for k, v in ch.items()}
+        allocated = sum(sum(v) for v in changes.values())
+        if probe[1] >= probe[0] or allocated >= 0:
+            why = (
+                "the probe loss, or the groups' shares of its change together, did not fall over "
+                "the window: no shares of a fall to plan from"
+            )
+            window = {"steps": self.lca_steps, "probe_loss": list(probe), "allocated": allocated}
+            self.log.add_events(
+                [
+                    {
+                        "step": step + 1,
+                        "event": "replan_skipped",
+                        "reason": "costs",
+                        "trigger_step": step,
+                        "why": why,
+                        "window": window,
+                    }
+                ]
+            )
+            return
         self.window_costs = WindowCosts(
             loss_change=changes, probe_loss=tuple(probe), steps=self.lca_steps
         )

@@ -518,7 +518,7 @@ class _Trainer(OnlinePlanning):
             self._rollback(step)
             self.lca = self.lca_from = None  # the window's weights are gone
         if self.lca is not None and not self._cost_window(step + 1):
-            self._end_cost_window()
+            self._end_cost_window(step)
         rec = {
             "step": step,
             "phase": phase,

@@ -470,6 +470,8 @@ def format_train_report(report: TrainReport) -> str:
             )
         elif e["event"] == "replan_failed":
             lines.append(f"  step {e['step']}: replan_failed ({e['error']})")
+        elif e["event"] == "replan_skipped":
+            lines.append(f"  step {e['step']}: replan_skipped ({e['reason']}: {e['why']})")
         elif e["event"] in ("drift", "rollback", "rollback_skipped"):
             detail = ", ".join(
                 f"{k} {_said(v)}" for k, v in e.items() if k not in ("event", "step")

@@ -573,6 +573,46 @@ def test_adaptive_run_measures_loss_costs_in_its_windows_and_replans_from_them(
     assert plain.replans == 0
 
 
+@pytest.mark.slow
+def test_adaptive_window_whose_shares_add_up_to_a_rise_replans_nothing(
+    tmp_path: Path, small_profile: Path
+) -> None:
+    """A window whose shares add up to a rise (here its first step climbs the gradient: an
+    injected learning rate of −100×) has no shares of a fall to plan from: a `replan_skipped`
+    event, and no re-plan from it."""
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.schedule import Drift, Phases
+    from freezeopt.solver import SolveOptions
+
+    phases = Phases(
+        warmup_steps=5,
+        full_update_every=4,
+        full_update_steps=2,
+        drift=Drift(step_time_error=1e6, loss_rise=1e6, grad_norm_spike=1e6),
+    )
+    opts = SolveOptions(budget=0.3, objective="ttq", sensitivity="measured", mode="heuristic")
+    sched = tmp_path / "s.yaml"
+    solve_file(small_profile, opts, phases=phases, out=sched)
+    rep = train_job(
+        small_job(),
+        TrainOptions(
+            schedule=sched,
+            steps=12,
+            out_dir=tmp_path / "run",
+            progress=False,
+            fault="lr_spike:step=9,factor=-100",
+            replan=ReplanOptions(profile=small_profile, costs=True),
+        ),
+    )
+    skipped = [e for e in rep.events if e["event"] == "replan_skipped"]
+    assert [e["trigger_step"] for e in skipped] == [10], rep.events
+    w = skipped[0]["window"]
+    assert w["steps"] == 2 and w["allocated"] > 0
+    assert skipped[0]["reason"] == "costs" and "did not fall" in skipped[0]["why"]
+    later = [e for e in rep.events if e["event"] in ("replan", "replan_rejected")]
+    assert all(e["trigger_step"] != 10 for e in later), later
+
+
 def test_adaptive_needs_a_probe_and_gradient_traces(tmp_path: Path, small_profile: Path) -> None:
     from freezeopt.errors import InputError
 
