@@ -509,6 +509,33 @@ def test_a_window_must_cover_every_group_and_its_steps() -> None:
     assert all(t.loss_change == (-0.3,) for t in with_window_costs(prof, one).gradients)
 
 
+def _adaptive_run(
+    tmp_path: Path, profile: Path, drift: Any, *, steps: int, fault: str | None = None
+) -> tuple[Path, TrainReport]:
+    """A ttq schedule of `profile` with warm-up 5 and 2-step full-update windows every 4 steps,
+    trained `steps` steps with `--adaptive`: (the schedule, the run's report)."""
+    from freezeopt.commands import solve_file
+    from freezeopt.formats.schedule import Phases
+    from freezeopt.solver import SolveOptions
+
+    phases = Phases(warmup_steps=5, full_update_every=4, full_update_steps=2, drift=drift)
+    opts = SolveOptions(budget=0.3, objective="ttq", sensitivity="measured", mode="heuristic")
+    sched = tmp_path / "s.yaml"
+    solve_file(profile, opts, phases=phases, out=sched)
+    rep = train_job(
+        small_job(),
+        TrainOptions(
+            schedule=sched,
+            steps=steps,
+            out_dir=tmp_path / "run",
+            progress=False,
+            fault=fault,
+            replan=ReplanOptions(profile=profile, costs=True),
+        ),
+    )
+    return sched, rep
+
+
 @pytest.mark.slow
 def test_adaptive_run_measures_loss_costs_in_its_windows_and_replans_from_them(
     tmp_path: Path, small_profile: Path
@@ -518,26 +545,9 @@ def test_adaptive_run_measures_loss_costs_in_its_windows_and_replans_from_them(
     stretch's two ends; at a window's last step the run re-plans by time to quality from it
     (reason `costs`), and the event says what the window measured — its groups' shares add up to
     the probe loss's change. The probe passes' time is `probe_ms`, in those two steps only."""
-    from freezeopt.commands import solve_file
-    from freezeopt.formats.schedule import Drift, Phases
-    from freezeopt.solver import SolveOptions
+    from freezeopt.formats.schedule import Drift
 
-    phases = Phases(
-        warmup_steps=5, full_update_every=4, full_update_steps=2, drift=Drift(step_time_error=1e6)
-    )
-    opts = SolveOptions(budget=0.3, objective="ttq", sensitivity="measured", mode="heuristic")
-    sched = tmp_path / "s.yaml"
-    solve_file(small_profile, opts, phases=phases, out=sched)
-    rep = train_job(
-        small_job(),
-        TrainOptions(
-            schedule=sched,
-            steps=16,
-            out_dir=tmp_path / "run",
-            progress=False,
-            replan=ReplanOptions(profile=small_profile, costs=True),
-        ),
-    )
+    sched, rep = _adaptive_run(tmp_path, small_profile, Drift(step_time_error=1e6), steps=16)
     rows = [m for m in metrics(tmp_path / "run") if "step_ms" in m]
     # the cost windows: warm-up 0-4 (its last 3 steps measured: probes before step 2 and after
     # step 4), then 2 steps from every 4th step after it (9-10, 13-14)
@@ -580,30 +590,11 @@ def test_adaptive_window_whose_shares_add_up_to_a_rise_replans_nothing(
     """A window whose shares add up to a rise (here its first step climbs the gradient: an
     injected learning rate of −100×) has no shares of a fall to plan from: a `replan_skipped`
     event, and no re-plan from it."""
-    from freezeopt.commands import solve_file
-    from freezeopt.formats.schedule import Drift, Phases
-    from freezeopt.solver import SolveOptions
+    from freezeopt.formats.schedule import Drift
 
-    phases = Phases(
-        warmup_steps=5,
-        full_update_every=4,
-        full_update_steps=2,
-        drift=Drift(step_time_error=1e6, loss_rise=1e6, grad_norm_spike=1e6),
-    )
-    opts = SolveOptions(budget=0.3, objective="ttq", sensitivity="measured", mode="heuristic")
-    sched = tmp_path / "s.yaml"
-    solve_file(small_profile, opts, phases=phases, out=sched)
-    rep = train_job(
-        small_job(),
-        TrainOptions(
-            schedule=sched,
-            steps=12,
-            out_dir=tmp_path / "run",
-            progress=False,
-            fault="lr_spike:step=9,factor=-100",
-            replan=ReplanOptions(profile=small_profile, costs=True),
-        ),
-    )
+    drift = Drift(step_time_error=1e6, loss_rise=1e6, grad_norm_spike=1e6)
+    fault = "lr_spike:step=9,factor=-100"
+    _, rep = _adaptive_run(tmp_path, small_profile, drift, steps=12, fault=fault)
     skipped = [e for e in rep.events if e["event"] == "replan_skipped"]
     assert [e["trigger_step"] for e in skipped] == [10], rep.events
     w = skipped[0]["window"]
