@@ -33,7 +33,8 @@ range plans under a budget of about 10 % reach."""
 
 
 class LcaTracker:
-    """Per measured step, each group's share of the probe loss's change (see the module docstring).
+    """Per measured stretch (a step, or several), each group's share of the probe loss's change
+    (see the module docstring).
 
     `groups`: this rank's (stage, group, parameters) in profile order. `probe()` must run the probe
     on every rank together (it communicates) and leave its gradient in the parameters' `.grad`,
@@ -66,8 +67,8 @@ class LcaTracker:
         self.losses.append(loss)
 
     def step(self, probe: Any, before: Sequence[Sequence[Any]]) -> None:
-        """After a measured step's optimizer step: `before` holds each group's parameters as they
-        were before it (in `groups` order)."""
+        """After one or more optimizer steps: `before` holds each group's parameters where the
+        previous probe was taken (in `groups` order); one trapezoid over the stretch."""
         import torch
 
         assert self._h is not None, "call start() before the first step"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue as queue_mod
+import re
 import resource
 import shutil
 import signal
@@ -575,9 +576,15 @@ def _supervise(
     return [results[r] for r in range(world)]
 
 
+_RAISED = re.compile(r"(?<![A-Za-z0-9_])(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): .*$")
+"""A Python exception's last traceback line, from its type on (whatever a line holds before it)."""
+
+
 def _before_its_log(log: Path) -> str:
     """Where a rank died before it opened its log (unpickling what it was sent), what the fork
-    server printed for it — its last line — since the log named in the error holds nothing."""
+    server printed for it — its last exception line (`SomethingError: …`; else its last line:
+    every rank the server forked writes there) — since the log named in the error holds
+    nothing."""
     try:
         if log.stat().st_size > 0:
             return ""
@@ -587,7 +594,9 @@ def _before_its_log(log: Path) -> str:
         text = fork_server_log().read_text(errors="replace")
     except OSError:
         return ""
-    last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")
+    lines = [ln.strip() for ln in reversed(text.splitlines()) if ln.strip()]
+    raised = (m.group(0) for ln in lines if (m := _RAISED.search(ln)) is not None)
+    last = next(raised, lines[0] if lines else "")
     return f", before it opened its log: {last[:300]}" if last else ""
 
 

@@ -165,7 +165,9 @@ class OnlinePlanning:
         """Whether a loss-cost measurement starts before `step`: the step is in a window and at
         most `LCA_STEPS` of the window are left from it (a window measures its last steps only)."""
         return (
-            self.lca is None and self._cost_window(step) and not self._cost_window(step + LCA_STEPS)
+            self.lca is None
+            and self._cost_window(step)
+            and any(not self._cost_window(step + i) for i in range(1, LCA_STEPS + 1))
         )
 
     def _start_cost_window(self) -> None:
@@ -224,6 +226,7 @@ class OnlinePlanning:
                 "the window: no shares of a fall to plan from"
             )
             window = {"steps": self.lca_steps, "probe_loss": list(probe), "allocated": allocated}
+            self.window_costs = None  # a newer window replaces one still waiting, as ever
             self.log.add_events(
                 [
                     {

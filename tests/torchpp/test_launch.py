@@ -198,6 +198,29 @@ def _never(ctx: launch.RankContext, payload: object) -> None:
     raise AssertionError("unreachable: the rank cannot unpickle its target")
 
 
+def test_before_its_log_takes_the_fork_servers_last_exception_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other ranks write to the fork server's log too: the last exception line is the cause."""
+    server = tmp_path / "forkserver.log"
+    monkeypatch.setattr(launch, "fork_server_log", lambda: server)
+    empty = tmp_path / "rank0.log"
+    empty.write_text("")
+    server.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "_pickle.UnpicklingError: the payload is gone\n"
+        "[W1205 17:00:00 ProcessGroupGloo.cpp:1] a warning from another rank\n\n"
+    )
+    assert launch._before_its_log(empty) == (
+        ", before it opened its log: _pickle.UnpicklingError: the payload is gone"
+    )
+    server.write_text("one line\nthe last line\n")  # no exception: the last line
+    assert launch._before_its_log(empty) == ", before it opened its log: the last line"
+    empty.write_text("the rank's own log\n")  # a rank that opened its log says it there
+    assert launch._before_its_log(empty) == ""
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="ranks are forked from a fork server")
 def test_a_rank_that_dies_before_its_log_says_why() -> None:
     import functools
@@ -214,7 +237,8 @@ def test_a_rank_that_dies_before_its_log_says_why() -> None:
         )
     msg = str(e.value)
     assert "\n" not in msg and "died" in msg
-    # the fork server's last line; the suite's other ranks write to the same log, and in one
-    # fresh clone's CI something stood between "log: " and the error (message cut by pytest)
+    # the fork server's last exception line; the suite's other ranks write to the same log (in
+    # one fresh clone's CI, when the last line was taken, something stood between "log: " and
+    # the error; pytest cut the message there)
     assert "before it opened its log: " in msg, msg
     assert "RuntimeError: this object cannot be rebuilt in the rank" in msg, msg

@@ -509,6 +509,34 @@ def test_a_window_must_cover_every_group_and_its_steps() -> None:
     assert all(t.loss_change == (-0.3,) for t in with_window_costs(prof, one).gradients)
 
 
+def test_cost_windows_measure_their_last_steps_whatever_the_cadence() -> None:
+    """A measurement starts where at most `LCA_STEPS` steps of its window are left — also when
+    the next window starts within `LCA_STEPS` steps of this one."""
+    from types import SimpleNamespace
+
+    from freezeopt.formats.schedule import Phases
+    from freezeopt.training.online import OnlinePlanning
+
+    def due(warmup: int, every: int, length: int, steps: int) -> list[int]:
+        """The steps before which a measurement starts if none runs (this stub never starts
+        one, so a stretch's later steps are listed too)."""
+        phases = Phases(warmup_steps=warmup, full_update_every=every, full_update_steps=length)
+        run = OnlinePlanning()
+        run.replan_spec = SimpleNamespace(costs=True)  # type: ignore[assignment]
+        run.ctrl = SimpleNamespace(schedule=SimpleNamespace(phases=phases))
+        run.spec = SimpleNamespace(options=SimpleNamespace(steps=steps))
+        run.lca = None
+        return [s for s in range(steps) if run._cost_due(s)]
+
+    # warm-up 0-4 (its last 3 steps from 2), then 2-step windows from every 4th step after it
+    assert due(5, 4, 2, 16) == [2, 3, 4, 9, 10, 13, 14]
+    # 1-step windows every 3 steps: each window is measured (8, 11, 14), the warm-up from 2
+    assert due(5, 3, 1, 16) == [2, 3, 4, 8, 11, 14]
+    # without windows after warm-up, warm-up alone; a window cut by the run's end still counts
+    assert due(5, 0, 1, 16) == [2, 3, 4]
+    assert due(5, 4, 3, 10) == [2, 3, 4, 9]
+
+
 def _adaptive_run(
     tmp_path: Path, profile: Path, drift: Any, *, steps: int, fault: str | None = None
 ) -> tuple[Path, TrainReport]:
@@ -554,9 +582,16 @@ def test_adaptive_run_measures_loss_costs_in_its_windows_and_replans_from_them(
     probes = {2, 4, 9, 10, 13, 14}
     assert {m["step"] for m in rows if m["probe_ms"] > 0} == probes
     assert all(not m["freezing"] for m in rows if m["step"] in probes | {3})
-    evs = [e for e in rep.events if e["event"].startswith("replan")]
-    assert evs and all(e["reason"] == "costs" for e in evs), evs
-    assert all(e["event"] != "replan_failed" for e in evs), evs
+    allr = [e for e in rep.events if e["event"].startswith("replan")]
+    assert allr and all(e["reason"] == "costs" for e in allr), allr
+    assert all(e["event"] != "replan_failed" for e in allr), allr
+    evs = [e for e in allr if e["event"] in ("replan", "replan_rejected")]
+    assert all(
+        e["window"]["probe_loss"][1] >= e["window"]["probe_loss"][0]
+        or e["window"]["allocated"] >= 0
+        for e in allr
+        if e["event"] == "replan_skipped"
+    ), allr
     first = evs[0]
     assert first["trigger_step"] == 4  # the warm-up's window, re-planned at once
     w = first["window"]
