@@ -219,13 +219,12 @@ class OnlinePlanning:
         ):
             return  # a non-finite probe: nothing to go on
         changes = {k: tuple(v) for ch, _ in gathered for k, v in ch.items()}
-        allocated = sum(sum(v) for v in changes.values())
-        if probe[1] >= probe[0] or allocated >= 0:
+        wc = WindowCosts(loss_change=changes, probe_loss=tuple(probe), steps=self.lca_steps)
+        if probe[1] >= probe[0] or wc.allocated >= 0:
             why = (
                 "the probe loss, or the groups' shares of its change together, did not fall over "
                 "the window: no shares of a fall to plan from"
             )
-            window = {"steps": self.lca_steps, "probe_loss": list(probe), "allocated": allocated}
             self.window_costs = None  # a newer window replaces one still waiting, as ever
             self.log.add_events(
                 [
@@ -235,14 +234,12 @@ class OnlinePlanning:
                         "reason": "costs",
                         "trigger_step": step,
                         "why": why,
-                        "window": window,
+                        "window": wc.summary(),
                     }
                 ]
             )
             return
-        self.window_costs = WindowCosts(
-            loss_change=changes, probe_loss=tuple(probe), steps=self.lca_steps
-        )
+        self.window_costs = wc
 
     def _apply_replan(self, step: int) -> None:
         """Every rank, after the step whose all-reduce said the solve is done (or after the last
@@ -278,13 +275,7 @@ class OnlinePlanning:
                 }
                 wc = self.inflight_costs
                 if reason == "costs" and wc is not None:
-                    # what the window measured: the probe loss over it, and the groups' shares
-                    # of its change together (they add up to it: loss-change allocation)
-                    ev["window"] = {
-                        "steps": wc.steps,
-                        "probe_loss": [wc.probe_loss[0], wc.probe_loss[-1]],
-                        "allocated": sum(sum(v) for v in wc.loss_change.values()),
-                    }
+                    ev["window"] = wc.summary()
                 payload = {"event": ev, "text": out.text if out.adopted else None}
         box: list[Any] = [payload]
         dist.broadcast_object_list(box, src=0)

@@ -47,7 +47,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from freezeopt.errors import MismatchError
 from freezeopt.formats.profile import Probe, Profile
@@ -140,6 +140,20 @@ class WindowCosts:
             raise ValueError(
                 f"a window's costs span at least one step and one per stretch, not {self.steps}"
             )
+
+    @property
+    def allocated(self) -> float:
+        """The groups' shares summed: the probe loss's change, to second order."""
+        return sum(sum(v) for v in self.loss_change.values())
+
+    def summary(self) -> dict[str, Any]:
+        """What a `replan*` event says the window measured: its steps, the probe loss at its
+        start and end, and the groups' shares of the change together."""
+        return {
+            "steps": self.steps,
+            "probe_loss": [self.probe_loss[0], self.probe_loss[-1]],
+            "allocated": self.allocated,
+        }
 
 
 def with_window_costs(profile: Profile, costs: WindowCosts) -> Profile:
