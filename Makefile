@@ -14,7 +14,8 @@
 #   make lint    ruff + mypy
 PYTHON ?= python3
 VENV ?= .venv
-# CPU wheel by default; GPU users: make install TORCH_SPEC="torch==2.13.0" PIP_EXTRA="--index-url …"
+# the CPU wheel where pip is configured for it (these machines); GPU users add their wheel index:
+#   make install PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
 PIP_EXTRA ?=
 BIN := $(VENV)/bin

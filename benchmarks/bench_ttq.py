@@ -20,6 +20,12 @@ and data order for every policy; `none` first in every repeat, the others rotate
 * the validation loss at equal wall-clock against `none`'s: at the shorter of the two runs'
   training times (a policy that reached the target stopped there), both interpolated, the
   policy's minus `none`'s (below 0: lower), median over repeats;
+* progress kept per step, by quarter of N: over each quarter of the policy's first N steps,
+  the steps `none` needed to reach the validation losses the policy had at the quarter's ends
+  (where `none`'s curve first fell to them; both interpolated between validations), divided by the
+  quarter's steps, per repeat against its own `none`, median — where in the run freezing cost
+  progress (1: nothing lost; empty where a quarter ends below `none`'s last validation loss or above
+  its first);
 * the share of (group, microbatch) slots the plan freezes after warm-up (static plans), or, for the
   progressive policies (`autofreeze`, `composer`), over the run: the mean over steps of the frozen
   prefix's share of the groups, from the run's `progression` events.
@@ -170,6 +176,52 @@ def _at_time(run: Run, t: float) -> float | None:
     return None
 
 
+def _val_by_step(run: Run) -> list[tuple[int, float]]:
+    """The run's validations as (step, loss), from its metrics file."""
+    out = []
+    path = Path(run.out_dir) / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        d = json.loads(line)
+        if "val_loss" in d and d["val_loss"] is not None and math.isfinite(d["val_loss"]):
+            out.append((int(d["step"]), float(d["val_loss"])))
+    return sorted(out)
+
+
+def _interp(points: list[tuple[float, float]], x: float) -> float | None:
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return None
+
+
+def _kept_by_quarter(run: Run, own: Run, n: int) -> list[float | None]:
+    """Progress kept per step over each quarter of `run`'s first `n` steps against `own`'s
+    (see the module docstring)."""
+    mine, ref = _val_by_step(run), _val_by_step(own)
+    if not mine or not ref:
+        return [None] * 4
+
+    def steps_to(loss: float) -> float | None:
+        """Where `none`'s curve first fell to `loss`, interpolated."""
+        if loss > ref[0][1]:
+            return None  # above none's first validation: not measured
+        for (s0, v0), (s1, v1) in itertools.pairwise(ref):
+            if v1 <= loss <= v0:
+                return s1 if v0 == v1 else s0 + (s1 - s0) * (v0 - loss) / (v0 - v1)
+        return None  # below every validation loss of none's
+
+    ends = [round(i * n / 4) for i in range(5)]
+    pts = [(float(s), v) for s, v in mine]
+    equiv: list[float | None] = [0.0]
+    for q in ends[1:]:
+        v = _interp(pts, float(q))
+        equiv.append(None if v is None else steps_to(v))
+    out: list[float | None] = []
+    for (a, ea), (b, eb) in itertools.pairwise(zip(ends, equiv, strict=True)):
+        out.append(None if ea is None or eb is None else (eb - ea) / (b - a))
+    return out
+
+
 def _progressive_share(run: Run, dag: Any, warmup: int) -> float:
     """Mean over the run's steps after warm-up of the share of groups its progression had
     frozen whole (as static plans' share counts the steps after warm-up)."""
@@ -213,6 +265,7 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
         ttq: list[float | None] = []
         lost: list[float | None] = []
         same_time: list[float | None] = []
+        kept: list[list[float | None]] = []
         for r in runs:
             own = ref[r.repeat]
             t = (
@@ -228,6 +281,7 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
             end = min(own.curve[-1][0], r.curve[-1][0])
             mine, theirs = _at_time(r, end), _at_time(own, end)
             same_time.append(None if mine is None or theirs is None else mine - theirs)
+            kept.append(_kept_by_quarter(r, own, int(rep.options.get("steps") or 0)))
         sched = load_schedule(folder / "schedules" / f"{res.policy}-b{budget:g}.yaml")
         plan = schedule_plan(sched, dag)
         slots = sum(len(dag.group_names[a.stage]) for a in dag.order if a.has_weight_grad)
@@ -244,6 +298,12 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
             if any(x is None for x in lost)
             else round(statistics.median(x for x in lost if x is not None), 4),
             "val_loss_vs_none_at_equal_time": _stats(same_time)["median"],
+            "progress_kept_by_quarter": [
+                None
+                if not (got := [k[i] for k in kept if k[i] is not None])
+                else round(statistics.median(got), 3)
+                for i in range(4)
+            ],
             "val_loss_at_n": res.val_loss,
             "frozen_share": round(
                 statistics.median(_progressive_share(r, dag, warmup) for r in runs)
@@ -349,6 +409,25 @@ def markdown(
                 f"{_fmt(p['progress_lost_predicted_measured_model'], '.1%')} | "
                 f"{_fmt(p['val_loss_vs_none_at_equal_time'], '+.4f')} | {p['frozen_share']:.1%} |"
             )
+        lines += [
+            "",
+            "Progress kept per step over each quarter of the first N steps (the steps `none` "
+            "needed to reach the policy's validation loss at the quarter's ends, per step; median "
+            "over repeats; noisy where the loss curves are flat):",
+            "",
+            "| policy | "
+            + " | ".join(
+                f"steps {round(i * d['steps'] / 4)}–{round((i + 1) * d['steps'] / 4)}"
+                for i in range(4)
+            )
+            + " |",
+            "|---|" + "---:|" * 4,
+        ]
+        for pol, p in d["policies"].items():
+            if pol == "none":
+                continue
+            q = p["progress_kept_by_quarter"]
+            lines.append(f"| {pol} | " + " | ".join(_fmt(x, ".2f") for x in q) + " |")
         lines.append("")
         if figures.get(name):
             lines += [f"![{name}](ttq-{name}/{figures[name]})", ""]

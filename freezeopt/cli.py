@@ -215,7 +215,7 @@ def profile(
     WORLD_SIZE are set; rank 0 writes the file. User code named in the job spec runs, as with any
     training script; profile and schedule files are data only.
 
-    Example: freezeopt profile tiny-gpt -o profiles/tiny-gpt-1f1b.json
+    Example: freezeopt profile tiny-gpt -o out/tiny-gpt.json
     """
     from freezeopt.errors import InputError
     from freezeopt.profiling.run import format_report, profile_job

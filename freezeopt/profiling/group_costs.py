@@ -123,6 +123,21 @@ class CostMeter:
         self.loss_fn, self.last, self.clock, self.beat = loss_fn, last, clock, beat
         self.captured = captured
 
+    @classmethod
+    def of(cls, profiler: Any, *, beat: Any) -> CostMeter:
+        """The meter of a profiling rank: its `mods`, `params`, `group_idx`, `loss_fn`, `last`,
+        `clock` and the `cap` its last measured step filled (both profilers keep them so)."""
+        return cls(
+            mods=profiler.mods,
+            params=profiler.params,
+            group_idx=profiler.group_idx,
+            loss_fn=profiler.loss_fn,
+            last=profiler.last,
+            clock=profiler.clock,
+            beat=beat,
+            captured=profiler.cap,
+        )
+
     def _stage_graph(self, s: int) -> tuple[list[Any], list[Any] | None, list[Any]]:
         """A fresh forward of stage `s` on the captured microbatch: (outputs, output grads, inputs)."""
         import torch

@@ -411,16 +411,9 @@ class _Runner:
             self.beat.set_phase("branches")
             branch = self._branches(total)
         self.beat.set_phase("costs")
-        cost_rounds = CostMeter(
-            mods=self.mods,
-            params=self.params,
-            group_idx=self.group_idx,
-            loss_fn=self.loss_fn,
-            last=self.last,
-            clock=self.clock,
-            beat=self.beat,
-            captured=self.cap,
-        ).group_costs(self._cost_modes(), self.job.cost_samples)
+        cost_rounds = CostMeter.of(self, beat=self.beat).group_costs(
+            self._cost_modes(), self.job.cost_samples
+        )
         self.beat.tick(2 + total)
         self.beat.set_phase("lags")
         pingpong, shapes = measure_lags(

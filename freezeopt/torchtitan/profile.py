@@ -418,16 +418,7 @@ class Profiler:
             for s, mod in self.mods.items()
         }
         rng = torch.get_rng_state()
-        cost_rounds = CostMeter(
-            mods=self.mods,
-            params=self.params,
-            group_idx=self.group_idx,
-            loss_fn=self.loss_fn,
-            last=self.last,
-            clock=self.clock,
-            beat=beat,
-            captured=self.cap,
-        ).group_costs(modes, job.cost_samples)
+        cost_rounds = CostMeter.of(self, beat=beat).group_costs(modes, job.cost_samples)
         with torch.no_grad():
             for st, mod in self.mods.items():
                 for n, b in mod.named_buffers():

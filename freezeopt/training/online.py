@@ -72,10 +72,8 @@ class OnlinePlanning:
         """A finished window's loss costs, waiting for the re-plan they start."""
         self.inflight_costs: WindowCosts | None = None
         """Rank 0: the loss costs the re-plan in flight solves from."""
-        self.lca_from: list[list[Any]] | None = None
-        """The measured groups' parameters where the current loss-cost measurement started."""
         self.lca_steps = 0
-        """Optimizer updates since then."""
+        """Optimizer updates since the current loss-cost measurement started."""
         self.probe_ms = 0.0
 
     def _add_costs(self, freezing: bool) -> None:
@@ -184,8 +182,7 @@ class OnlinePlanning:
                     for g, idx in rp.group_idx[s]
                 ]
             )
-            self.lca.start(self._probe)
-            self.lca_from = [[p.detach().clone() for p in ps] for _, _, ps in self.lca.groups]
+            self.lca.start(self._probe, keep_weights=True)
         self.lca_steps = 0
 
     def _probe(self) -> float | None:
@@ -204,12 +201,11 @@ class OnlinePlanning:
         import torch.distributed as dist
 
         lca, self.lca = self.lca, None
-        start, self.lca_from = self.lca_from, None
         if self.lca_steps < 1:  # no update measured (non-finite steps): nothing to go on
             return
         gathered: list[Any] = [None] * self.world
         with self._probe_time():
-            lca.step(self._probe, start)
+            lca.step(self._probe)
             dist.all_gather_object(gathered, (dict(lca.changes), list(lca.losses)))
         probe = next((ls for _, ls in gathered if ls and ls[0] is not None), None)
         if (

@@ -516,7 +516,7 @@ class _Trainer(OnlinePlanning):
                 )
         if decision is not None and decision.rollback:
             self._rollback(step)
-            self.lca = self.lca_from = None  # the window's weights are gone
+            self.lca = None  # the window's weights are gone
         if self.lca is not None and not self._cost_window(step + 1):
             self._end_cost_window(step)
         rec = {

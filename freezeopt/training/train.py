@@ -13,7 +13,7 @@ classes and its parameter groups from the model on the meta device, with their f
 (element count, shapes, dtypes), which must be the schedule's where it records them (a model of
 another width has the same group names); any difference is a `MismatchError` naming it.
 
-How the speed-up is measured: side by side in the same run (DESIGN §7). Steps that replay the
+How the speed-up is measured: side by side in the same run. Steps that replay the
 schedule ("freezing steps") are compared with the run's full-update steps — warm-up, periodic
 full-update windows and fallbacks — which run the identical code with nothing frozen. Both sides
 are medians of the barrier-to-last-rank step time (the profiler's definition: optimizer excluded),
