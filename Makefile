@@ -14,7 +14,7 @@
 #   make lint    ruff + mypy
 PYTHON ?= python3
 VENV ?= .venv
-# the CPU wheel where pip is configured for it (these machines); GPU users add their wheel index:
+# torch from the index pip is configured with (a CPU-only index gives the CPU wheel); for a CUDA build:
 #   make install PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
 PIP_EXTRA ?=

@@ -24,8 +24,9 @@ and data order for every policy; `none` first in every repeat, the others rotate
   the steps `none` needed to reach the validation losses the policy had at the quarter's ends
   (where `none`'s curve first fell to them; both interpolated between validations), divided by the
   quarter's steps, per repeat against its own `none`, median — where in the run freezing cost
-  progress (1: nothing lost; empty where a quarter ends below `none`'s last validation loss or above
-  its first);
+  progress (1: nothing lost; empty where the policy's loss at a quarter's end is below the lowest
+  validation loss `none` reached or above its first, or where the policy has no validation by
+  then);
 * the share of (group, microbatch) slots the plan freezes after warm-up (static plans), or, for the
   progressive policies (`autofreeze`, `composer`), over the run: the mean over steps of the frozen
   prefix's share of the groups, from the run's `progression` events.
@@ -300,7 +301,7 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
             "val_loss_vs_none_at_equal_time": _stats(same_time)["median"],
             "progress_kept_by_quarter": [
                 None
-                if not (got := [k[i] for k in kept if k[i] is not None])
+                if not (got := [x for k in kept if (x := k[i]) is not None])
                 else round(statistics.median(got), 3)
                 for i in range(4)
             ],

@@ -58,3 +58,6 @@ def test_progress_kept_by_quarter(tmp_path: Path) -> None:
     slow = _run(mod, tmp_path / "slow", {s: 5.0 - 0.011 * s for s in steps})
     # slow at step 100: 3.9, which none first reached between its steps 60 (4.1) and 70 (3.6)
     assert mod._kept_by_quarter(slow, bumpy, 100)[3] == pytest.approx((64 - 75 * 0.011 / 0.02) / 25)
+    # 4.05 at step 25: none fell to it between 40 and 50 (47.5), and again between 60 and 70
+    fast = _run(mod, tmp_path / "fast", {s: 5.0 - 0.038 * s for s in steps})
+    assert mod._kept_by_quarter(fast, bumpy, 100)[0] == pytest.approx(47.5 / 25)

@@ -64,24 +64,23 @@ class LcaTracker:
 
     def start(self, probe: Any, *, keep_weights: bool = False) -> None:
         """The probe before the first measured step; with `keep_weights`, also the groups'
-        parameters there, so `step` needs no `before` (a stretch of several steps)."""
+        parameters there, so the next `step` needs no `before` (one stretch of several steps)."""
         loss, self._h = self._gradient(probe)
-        self._at = self._weights() if keep_weights else None
+        self._at = (
+            [[p.detach().clone() for p in ps] for _, _, ps in self.groups] if keep_weights else None
+        )
         self.losses.append(loss)
-
-    def _weights(self) -> list[list[Any]]:
-        return [[p.detach().clone() for p in ps] for _, _, ps in self.groups]
 
     def step(self, probe: Any, before: Sequence[Sequence[Any]] | None = None) -> None:
         """After one or more optimizer steps: `before` holds each group's parameters where the
-        previous probe was taken (in `groups` order; by default those `start(keep_weights=True)`
-        kept); one trapezoid over the stretch."""
+        previous probe was taken (in `groups` order; by default, once, those
+        `start(keep_weights=True)` kept); one trapezoid over the stretch."""
         import torch
 
         assert self._h is not None, "call start() before the first step"
         if before is None:
-            assert self._at is not None, "pass `before`, or start(keep_weights=True)"
-            before = self._at
+            assert self._at is not None, "pass `before`, or start(keep_weights=True) once"
+            before, self._at = self._at, None
         loss, h = self._gradient(probe)
         with torch.no_grad():
             for (s, g, ps), h0, h1, b in zip(self.groups, self._h, h, before, strict=True):
@@ -90,8 +89,6 @@ class LcaTracker:
                     a += 0.5 * float(((x0 + x1).double() * (p.detach() - old).double()).sum())
                 self.changes[(s, g)].append(a)
         self._h = h
-        if self._at is not None:
-            self._at = self._weights()
         self.losses.append(loss)
 
 
