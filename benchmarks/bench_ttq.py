@@ -73,6 +73,7 @@ POLICIES: tuple[Policy, ...] = (
     "stability",
     "autofreeze",
     "composer",
+    "timelyfreeze",
     "timelyfreeze-matched",
     "freezeopt",
     "freezeopt-ttq",
