@@ -81,7 +81,7 @@ POLICIES: tuple[Policy, ...] = (
 REGIMES: tuple[tuple[str, str, str, int, tuple[Policy, ...], dict[str, Any]], ...] = (
     ("fine-tune", "tiny-gpt-docs", "fine-tune", 300, POLICIES, {}),
     ("from-scratch", "tiny-gpt", "from-scratch", 120, POLICIES, {}),
-    # five times as long: one baseline and freezeopt's two (all eight policies would take 2 hours)
+    # five times as long: one baseline and freezeopt's two (all nine policies would take over 2 hours)
     (
         "from-scratch-long",
         "tiny-gpt",
