@@ -43,6 +43,7 @@ import math
 import shlex
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from freezeopt.compare.run import (  # noqa: E402
     CompareReport,
     Run,
     compare_job,
+    crossing,
     format_run_info,
     load_compare,
 )
@@ -172,10 +174,7 @@ def _stats(xs: list[float | None]) -> dict[str, float | None]:
 
 def _at_time(run: Run, t: float) -> float | None:
     """The run's validation loss at training second `t`, interpolated (None past its end)."""
-    for (t0, v0), (t1, v1) in itertools.pairwise(run.curve):
-        if t0 <= t <= t1:
-            return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
-    return None
+    return _interp(run.curve, t)
 
 
 def _val_by_step(run: Run) -> list[tuple[int, float]]:
@@ -189,7 +188,8 @@ def _val_by_step(run: Run) -> list[tuple[int, float]]:
     return sorted(out)
 
 
-def _interp(points: list[tuple[float, float]], x: float) -> float | None:
+def _interp(points: Sequence[tuple[float, float]], x: float) -> float | None:
+    """`y` at `x` on the polyline through `points` (sorted by `x`), None outside it."""
     for (x0, y0), (x1, y1) in itertools.pairwise(points):
         if x0 <= x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
@@ -202,15 +202,15 @@ def _kept_by_quarter(run: Run, own: Run, n: int) -> list[float | None]:
     mine, ref = _val_by_step(run), _val_by_step(own)
     if not mine or not ref:
         return [None] * 4
+    ref_curve = tuple((float(s), v) for s, v in ref)
 
     def steps_to(loss: float) -> float | None:
-        """Where `none`'s curve first fell to `loss`, interpolated."""
+        """Where `none`'s curve first fell to `loss`, interpolated (as `compare` times a run to
+        its target)."""
         if loss > ref[0][1]:
             return None  # above none's first validation: not measured
-        for (s0, v0), (s1, v1) in itertools.pairwise(ref):
-            if v1 <= loss <= v0:
-                return s1 if v0 == v1 else s0 + (s1 - s0) * (v0 - loss) / (v0 - v1)
-        return None  # below every validation loss of none's
+        i = next((i for i, (_, v) in enumerate(ref) if v <= loss), None)
+        return None if i is None else crossing(ref_curve, i, loss)  # None: below all of none's
 
     ends = [round(i * n / 4) for i in range(5)]
     pts = [(float(s), v) for s, v in mine]
