@@ -52,6 +52,7 @@ __all__ = [
     "assemble",
     "format_report",
     "loss_summary",
+    "unmeasured_stages",
 ]
 
 APF_ALPHA = 0.9
@@ -224,6 +225,19 @@ def _clipped_median(xs: Sequence[float]) -> float:
     median, clipped after, is smaller where some are negative, as timing differences are under
     load.)"""
     return float(statistics.median(max(0.0, x) for x in xs))
+
+
+def unmeasured_stages(stages: Sequence[StageProfile]) -> list[str]:
+    """A warning per stage whose every group cost came out 0: the leave-one-out differences were
+    all within the timing noise, so the solver sees nothing to save there and freezes nothing in
+    it (a tiny stage, a busy host, or too few rounds)."""
+    return [
+        f"stage {st.stage}: every group's weight-gradient cost measured 0 ms (below the timing "
+        f"noise of {st.groups[0].weight_grad_ms.n} rounds), so nothing will be frozen there; raise "
+        "cost_samples or re-profile on a quieter machine"
+        for st in stages
+        if st.groups and all(g.weight_grad_ms.median == 0 for g in st.groups)
+    ]
 
 
 def fit_scales(
@@ -412,6 +426,8 @@ def assemble(
                 all_grouped=grouped.get(s),
             )
         )
+
+    warnings.extend(unmeasured_stages(stages))
 
     # gradient traces
     traces: list[GradientTrace] = []

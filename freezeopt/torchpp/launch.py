@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import queue as queue_mod
 import re
 import resource
@@ -202,7 +203,7 @@ def _init_pg(rank: int, world: int, device: Any, init_method: str, timeout_s: fl
 
 
 def _worker(
-    target: Callable[[RankContext], Any],
+    target_bytes: bytes,
     job: Job,
     rank: int,
     world: int,
@@ -213,7 +214,11 @@ def _worker(
     env: dict[str, str],
     started_by: tuple[int, str],
 ) -> None:
-    """Entry point of a started rank: run, then put ('result', rank, R) or ('error', …) on `q`."""
+    """Entry point of a started rank: run, then put ('result', rank, R) or ('error', …) on `q`.
+
+    The target comes pickled and is rebuilt here, after the rank's log is open: a target that
+    cannot be rebuilt is then an error this rank reports, with its traceback in its own log —
+    not a death the fork server prints, with every other rank's, into one shared file."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -226,6 +231,7 @@ def _worker(
     try:
         import torch.distributed as dist
 
+        target: Callable[[RankContext], Any] = pickle.loads(target_bytes)
         device = rank_device(job, rank)
         _init_pg(rank, world, device, init_method, timeout_s=2 * job.hang_timeout_s)
         try:
@@ -411,6 +417,7 @@ def _launch_local(
     log_prefix: str,
 ) -> list[R]:
     world = job.ranks
+    target_bytes = pickle.dumps(target)  # rebuilt in each rank once its log is open (`_worker`)
     ctx = _context()
     q = ctx.Queue()
     beat_arr = ctx.Array("d", world * _BEAT_FIELDS, lock=False)
@@ -423,7 +430,7 @@ def _launch_local(
         ctx.Process(
             target=_worker,
             args=(
-                target,
+                target_bytes,
                 job,
                 r,
                 world,

@@ -1,5 +1,6 @@
 """What the profile stores of a stage's measured group costs and truncation gains fits its fastest
-weight-gradient action, as the file stores them — so the DAG never refuses a profile freezeopt wrote."""
+weight-gradient action, as the file stores them — so the DAG never refuses a profile freezeopt wrote;
+and a stage whose group costs all fell within the timing noise is said, not silently frozen nowhere."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import statistics
 
 import pytest
 
-from freezeopt.profiling.assemble import _stat, fit_scales
+from freezeopt.formats.profile import GroupProfile, StageProfile
+from freezeopt.profiling.assemble import _stat, fit_scales, unmeasured_stages
 
 
 def _stored(samples: list[list[float]], scale: float) -> float:
@@ -35,3 +37,28 @@ def test_groups_first_then_gains_always_fit(cap: float) -> None:
     assert t_scale <= scale <= 1.0
     # no truncation measured: only the groups are fitted
     assert fit_scales(groups, None, cap)[0] == scale
+
+
+def _stage(stage: int, medians: list[float]) -> StageProfile:
+    return StageProfile(
+        stage=stage,
+        rank=stage,
+        groups=tuple(
+            GroupProfile(
+                name=f"g{i}",
+                params=(f"p{i}",),
+                numel=10,
+                weight_grad_ms=_stat([m, m, m, m]),
+            )
+            for i, m in enumerate(medians)
+        ),
+    )
+
+
+def test_a_stage_whose_group_costs_all_measured_zero_is_warned_about() -> None:
+    # noise clips to 0 (`_stat`); one group above it is enough for the stage to count as measured
+    stages = [_stage(0, [0.0, 0.02]), _stage(1, [-0.01, 0.0]), _stage(2, [])]
+    (w,) = unmeasured_stages(stages)
+    assert w.startswith("stage 1: every group's weight-gradient cost measured 0 ms")
+    assert "4 rounds" in w and "raise cost_samples" in w
+    assert unmeasured_stages(stages[:1]) == []
