@@ -261,7 +261,7 @@ runner = CliRunner()
 @settings(
     max_examples=max(20, EXAMPLES // 10),
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     derandomize=True,
 )
 @given(seed=st.integers(0, 2**32), value=_json_value, how=st.integers(0, 3))

@@ -10,8 +10,8 @@ hidden `--fault` option of `freezeopt train` (`profile_job(fault=...)` or `FREEZ
 * `lr_spike:step=K[,factor=F]` multiplies the learning rate by F (default 100) for step K;
 * `corrupt_batch:step=K[,steps=N]` replaces the batches of N steps (default 1) from step K on with
   random data of the same shape and kind;
-* `slow:stage=S,ms=X[,step=K]` spins X ms in every action of stage S from step K on (busy, so the
-  stage is slower, not idle);
+* `slow:stage=S,ms=X[,step=K]` spins X ms of CPU time in every action of stage S from step K on
+  (busy, so the stage is slower, not idle);
 * `nan_loss:step=K[,steps=N]` makes the loss of N steps (default 1) from step K on NaN (every
   microbatch; `train` skips the update, `profile` stops there with `DivergedError`);
 * `corrupt_checkpoint:step=K[,rank=R]` flips one byte of rank R's file (default 0) in the newest

@@ -89,7 +89,16 @@ _CONN_WORDS = (
     "timed out",
     "Timed out",
 )
+_GRACE_S = 1.5
+"""How long after a rank's error the others' are awaited before the root cause is chosen."""
+_CONNECTION_GRACE_S = 10.0
+"""The same while every error so far is a lost connection — a symptom of a peer that failed — so
+that the peer's own error, or its death as the fork server sees it on a loaded host, comes in."""
 R = TypeVar("R")
+
+
+def _is_connection_error(text: str) -> bool:
+    return any(w in text for w in _CONN_WORDS)
 
 
 # --- heartbeat (shared memory, one row per rank) ------------------------------------------------
@@ -233,7 +242,11 @@ def _worker(
 
         target: Callable[[RankContext], Any] = pickle.loads(target_bytes)
         device = rank_device(job, rank)
-        _init_pg(rank, world, device, init_method, timeout_s=2 * job.hang_timeout_s)
+        # hangs are the parent's to declare (heartbeats); the group's own timeout must not fire
+        # first, nor while a slower peer still starts (its model and data built before the
+        # first collective), which the parent allows the startup grace for
+        timeout = max(2 * job.hang_timeout_s, _STARTUP_GRACE_S)
+        _init_pg(rank, world, device, init_method, timeout_s=timeout)
         try:
             res = target(RankContext(rank, world, device, beat))
         finally:
@@ -558,10 +571,12 @@ def _supervise(
                         None,
                     )
                     first_bad = first_bad or now
+        conn_only = all(_is_connection_error(e[3]) for e in errs.values())
+        grace = _CONNECTION_GRACE_S if conn_only else _GRACE_S
         if (
             errs
             and first_bad is not None
-            and (now - first_bad > 1.5 or all(p.exitcode is not None for p in procs))
+            and (now - first_bad > grace or all(p.exitcode is not None for p in procs))
         ):
             raise _failure(errs, logdir, outcome)
         views = [_read_beat(beat_arr, r) for r in range(world)]
@@ -617,9 +632,7 @@ def _hang_limit(job: Job, view: _BeatView) -> float:
 
 def _failure(errs: dict[int, _Err], logdir: Path, outcome: Callable[[], str]) -> FreezeoptError:
     """The root cause among the ranks' errors: a non-connection error first, then the earliest."""
-    ranked = sorted(
-        errs.items(), key=lambda kv: (any(w in kv[1][3] for w in _CONN_WORDS), kv[1][0])
-    )
+    ranked = sorted(errs.items(), key=lambda kv: (_is_connection_error(kv[1][3]), kv[1][0]))
     r, (_, step, phase, text, user) = ranked[0]
     if user is not None:
         cls = getattr(errors, user, None)

@@ -302,8 +302,10 @@ class _Trainer(OnlinePlanning):
     def _maybe_slow(self, s: int) -> None:
         for f in self.faults:
             if f.kind == "slow" and f.stage == s and self.step_idx >= f.step:
-                end = time.perf_counter() + f.ms / 1e3
-                while time.perf_counter() < end:  # busy: a slower stage, not an idle one
+                # busy for X ms of this thread's CPU: a slower stage (not an idle one), by as
+                # much on a loaded host as on a quiet one
+                end = time.thread_time() + f.ms / 1e3
+                while time.thread_time() < end:
                     pass
 
     def _fault(self, kind: str) -> Fault | None:

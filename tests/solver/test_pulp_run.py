@@ -11,8 +11,10 @@ def test_cbc_past_its_time_limit_is_interrupted_and_keeps_its_incumbent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A market-split MILP (hard for branch and bound) with a 30 s CBC time limit: a watchdog
-    for 1 s interrupts CBC in branch and bound, and PuLP still reads CBC's best solution; with no
-    time to stop (SIGKILL at once) the run is reported killed."""
+    for 3 s interrupts CBC in branch and bound, and PuLP still reads CBC's best solution; with no
+    time to stop (SIGKILL, no SIGINT) the run is reported killed. The signals come seconds in, so
+    that a loaded host has started CBC by then, and the SIGKILL after the SIGINT is far off, so
+    that a slow write of the solution is not cut."""
 
     import numpy as np
     import pulp
@@ -32,14 +34,15 @@ def test_cbc_past_its_time_limit_is_interrupted_and_keeps_its_incumbent(
         prob += row + under[i] - over[i] == b[i], f"market_{i}"
     cbc = pulp_solvers.pulp_solver(SolveOptions(gap=0.0), time_limit=30.0, warm=False)
     before = _children_cpu()
-    with pulp_solvers.CbcWatchdog(1.0 + pulp_solvers.CBC_STOP[0]) as dog:
+    monkeypatch.setattr(pulp_solvers, "CBC_STOP", (0.25, 60.0))  # SIGINT at 2.75 s
+    with pulp_solvers.CbcWatchdog(3.0) as dog:
         prob.solve(cbc)
-    # stopped by the SIGINT at 1 s, far before its own 30 s (CPU time: a loaded host gives CBC
-    # less CPU, never more), and it kept its incumbent
+    # stopped by the SIGINT, far before its own 30 s (CPU time: a loaded host gives CBC less CPU,
+    # never more), and it kept its incumbent
     assert _children_cpu() - before < 15 and not dog.killed
     assert prob.sol_status == pulp.LpSolutionIntegerFeasible
     assert sum(v.value() for v in over + under) >= 0
-    monkeypatch.setattr(pulp_solvers, "CBC_STOP", (-100.0, -0.5))  # SIGKILL at 0.5 s, no SIGINT
+    monkeypatch.setattr(pulp_solvers, "CBC_STOP", (-100.0, 2.0))  # SIGKILL at 3 s, no SIGINT
     monkeypatch.setattr(pulp_solvers, "pulp_solver", lambda *a, **k: cbc)
     assert pulp_solvers.run_pulp(prob, SolveOptions(), time_limit=1.0, warm=False) == (
         "killed at the time limit"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import numpy as np
 import pulp
@@ -208,12 +207,27 @@ def test_the_same_iterations_give_the_same_answer() -> None:
     assert a == b
 
 
-def test_it_stops_by_its_deadline() -> None:
+def test_it_stops_by_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a clock that moves 10 ms at every reading (one reading an iteration, two more after the
+    first): it runs while the next iteration, at the pace so far, ends by the deadline — and no
+    further."""
+    import freezeopt.solver.relax as relax_mod
+
     m = _model("1F1B", 4, 16, 3, 0, budget=0.1)
-    until = time.perf_counter() + 0.3
-    r = _relax(m, deadline=until)
-    assert r.iterations > 0
-    assert time.perf_counter() < until + 0.25  # one iteration and the final timing past it, at most
+    _relax(m, 1)  # the kernels compiled and loaded before the clock is replaced
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(0.01 * len(reads))
+        return reads[-1]
+
+    monkeypatch.setattr(relax_mod.time, "perf_counter", clock)
+    r = _relax(m, deadline=0.3)
+    monkeypatch.undo()
+    pace = (reads[-1] - reads[0]) / r.iterations  # the pace at the check that stopped it
+    assert 0 < r.iterations < 30
+    assert reads[-1] + pace > 0.3  # the next one would have ended past the deadline
+    assert reads[-2] + (reads[-2] - reads[0]) / (r.iterations - 1) <= 0.3 + 1e-12  # this one fitted
 
 
 def test_nothing_to_freeze_gives_the_unfrozen_step_as_the_bound() -> None:

@@ -111,7 +111,6 @@ def test_a_signal_to_freezeopt_stops_every_rank(
     tmp_path: Path, sig: signal.Signals, code: int, said: str
 ) -> None:
     proc, ranks = _start_profile(tmp_path)
-    t0 = time.monotonic()
     proc.send_signal(sig)
     try:
         _, err = proc.communicate(timeout=60)
@@ -125,7 +124,7 @@ def test_a_signal_to_freezeopt_stops_every_rank(
     lines = err.decode().strip().splitlines()
     assert lines[-1].startswith(said) and lines[-1].endswith("no profile was written"), err
     assert "Traceback" not in err.decode()
-    assert not alive(ranks) and time.monotonic() - t0 < 15
+    assert not alive(ranks)  # and within `communicate`'s 60 s
     assert not (tmp_path / "p.json").exists()
 
 
@@ -134,7 +133,7 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
     proc, ranks = _start_profile(tmp_path)
     proc.kill()  # SIGKILL: no handler runs in the parent; the kernel must take the ranks down
     proc.communicate(timeout=30)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # each rank's watcher polls twice a second; a loaded host lags
     while alive(ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(ranks)
@@ -245,3 +244,32 @@ def test_a_target_that_cannot_be_rebuilt_in_the_rank_is_that_ranks_reported_erro
         r"rank [01] failed in start: RuntimeError: this object cannot be rebuilt in the rank; ", msg
     ), msg
     assert "nothing was written" in msg
+
+
+class _Proc:
+    """A rank process as `_supervise` sees it: its exit code, known from `at` (monotonic) on."""
+
+    def __init__(self, exitcode: int | None, at: float = 0.0) -> None:
+        self._code, self._at = exitcode, at
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._code if time.monotonic() >= self._at else None
+
+
+def test_a_lost_connection_waits_for_the_peer_that_broke_it(tmp_path: Path) -> None:
+    """Rank 0 reports a lost connection at once; rank 1's death (SIGKILL) is known only 3 s later,
+    as from a fork server starved on a loaded host: the error names rank 1, not its symptom."""
+    import queue
+
+    q: queue.Queue[tuple[object, ...]] = queue.Queue()
+    now = time.monotonic()
+    q.put(("error", 0, now, 2, 2, "RuntimeError: Connection closed by peer [127.0.0.1]:1", None))
+    procs = [_Proc(1), _Proc(-9, at=now + 3.0)]
+    beats = [now] + [0.0] * (launch._BEAT_FIELDS - 1)
+    with pytest.raises(RankFailedError) as e:
+        launch._supervise(
+            _job(), procs, q, beats * 2, tmp_path, lambda *_: None, lambda: "nothing was written"
+        )
+    assert str(e.value).startswith("rank 1 ") and "killed by signal 9" in str(e.value)
+    assert time.monotonic() - now >= 3.0

@@ -212,11 +212,11 @@ def test_periodic_replan_moves_freezing_to_a_slowed_stage(
     new = load_schedule(path)
     validate_files(path, small_profile)
     assert new.prediction.predicted_ms == pytest.approx(first["new_predicted_ms"], rel=1e-4)
-    # the slowed stage: its 8 actions spin 20 ms more each (thread-CPU time of a busy spin, which
-    # a loaded machine cuts; a quarter of it is required here), so the no-freeze step time on the
-    # measured costs is far above the profile's
+    # the slowed stage: its 8 actions spin 20 ms more each (of thread-CPU time, which is what
+    # the run measures), so the no-freeze step time on the measured costs is far above the
+    # profile's (half of it is required: the profile's other work and bubbles may shrink)
     prof_baseline = _profile_baseline(small_profile)
-    assert first["baseline_ms"] > prof_baseline + 8 * 20 / 4
+    assert first["baseline_ms"] > prof_baseline + 8 * 20 / 2
     assert first["new_predicted_ms"] < first["old_predicted_ms"]
     old = load_schedule(sched)
     assert _frozen_mbs(old, 1) == 0 and _frozen_mbs(new, 1) > 0
