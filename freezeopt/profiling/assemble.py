@@ -232,8 +232,8 @@ def unmeasured_stages(stages: Sequence[StageProfile]) -> list[str]:
     all within the timing noise, so the solver sees nothing to save there and freezes nothing in
     it (a tiny stage, a busy host, or too few rounds)."""
     return [
-        f"stage {st.stage}: every group's weight-gradient cost measured 0 ms (below the timing "
-        f"noise of {st.groups[0].weight_grad_ms.n} rounds), so nothing will be frozen there; raise "
+        f"stage {st.stage}: every group's weight-gradient cost measured 0 ms (within the timing "
+        f"noise over {st.groups[0].weight_grad_ms.n} rounds), so nothing will be frozen there; raise "
         "cost_samples or re-profile on a quieter machine"
         for st in stages
         if st.groups and all(g.weight_grad_ms.median == 0 for g in st.groups)

@@ -83,8 +83,9 @@ MAX_SEED = 2**32 - 1
 """Largest seed: the built-in data seeds torch's generator with seed × 1,000,003 + step, which
 must stay within 64 bits (a larger seed failed in every rank after the spawn)."""
 MAX_TIMEOUT_S = 1e9
-"""Largest `hang_timeout_s` and `timeout_s` (about 31 years): torch's process-group timeout is
-twice the hang timeout, and Python's timedelta ends at about 8.6e13 s."""
+"""Largest `hang_timeout_s` and `timeout_s` (about 31 years): torch's process-group timeout is at
+most twice the hang timeout (or the 120 s startup grace), and Python's timedelta ends at about
+8.6e13 s."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

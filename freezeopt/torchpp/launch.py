@@ -13,8 +13,9 @@ all of them. Each spawned rank writes its stdout/stderr to a temporary log and a
 shared memory (time, progress units, phase, and the action it is computing). The parent polls:
 
 * a rank that raises reports its error and every rank is stopped; the root cause (a non-connection
-  error first, then the earliest) becomes one `RankFailedError` — or, for a user error raised in a
-  rank (a `FreezeoptError`), the same error class with `rank R: ` in front;
+  error first, then the earliest; while every error is a lost connection, the peer's own is
+  awaited 10 s) becomes one `RankFailedError` — or, for a user error raised in a rank (a
+  `FreezeoptError`), the same error class with `rank R: ` in front;
 * a rank without a heartbeat for `hang_timeout_s` (stuck in an action, or every rank waiting) is
   declared hung (starting Python and torch and building the model get at least 2 minutes);
 * the whole run is bounded by `timeout_s`;
@@ -319,7 +320,9 @@ def run_ranks(
 ) -> list[R]:
     """Run `target` on every rank of `job`; return the ranks' results in rank order.
 
-    `target` must be picklable (a module-level function or a `functools.partial` of one). It
+    `target` must be picklable by `pickle` (a module-level function or a `functools.partial` of
+    one, over plain data): it is pickled once here and rebuilt in each rank, so tensors in it are
+    copied, and multiprocessing queues, locks or shared arrays cannot travel in it. It
     reports progress through `ctx.beat`; `total_units` sizes the progress bar (`verb` names it,
     e.g. "profiling"). `outcome()` ends a failure message (e.g. "no profile was written"), said
     as things stand when the failure comes.
@@ -603,15 +606,13 @@ _RAISED = re.compile(r"(?<![A-Za-z0-9_])(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|
 
 
 def _before_its_log(log: Path) -> str:
-    """Where a rank died before it opened its log (unpickling what it was sent), what the fork
-    server printed for it — its last exception line (`SomethingError: …`; else its last line:
-    every rank the server forked writes there) — since the log named in the error holds
-    nothing."""
-    try:
-        if log.stat().st_size > 0:
-            return ""
-    except OSError:
-        pass
+    """Where a rank died before it created its log (in the fork server, before `_worker` ran: a
+    signal, or arguments it could not rebuild), what the fork server printed for it — its last
+    exception line (`SomethingError: …`; else its last line: every rank the server forked writes
+    there) — since there is no log to name. A rank whose log exists, even empty, opened it: the
+    fork server's lines are then another process's."""
+    if log.exists():
+        return ""
     try:
         text = fork_server_log().read_text(errors="replace")
     except OSError:

@@ -204,21 +204,20 @@ def test_before_its_log_takes_the_fork_servers_last_exception_line(
     """Other ranks write to the fork server's log too: the last exception line is the cause."""
     server = tmp_path / "forkserver.log"
     monkeypatch.setattr(launch, "fork_server_log", lambda: server)
-    empty = tmp_path / "rank0.log"
-    empty.write_text("")
+    missing = tmp_path / "rank0.log"  # a rank that died before it created its log
     server.write_text(
         "Traceback (most recent call last):\n"
         '  File "x.py", line 1, in <module>\n'
         "_pickle.UnpicklingError: the payload is gone\n"
         "[W1205 17:00:00 ProcessGroupGloo.cpp:1] a warning from another rank\n\n"
     )
-    assert launch._before_its_log(empty) == (
+    assert launch._before_its_log(missing) == (
         ", before it opened its log: _pickle.UnpicklingError: the payload is gone"
     )
     server.write_text("one line\nthe last line\n")  # no exception: the last line
-    assert launch._before_its_log(empty) == ", before it opened its log: the last line"
-    empty.write_text("the rank's own log\n")  # a rank that opened its log says it there
-    assert launch._before_its_log(empty) == ""
+    assert launch._before_its_log(missing) == ", before it opened its log: the last line"
+    missing.write_text("")  # a rank that created its log, even one it wrote nothing in, opened it
+    assert launch._before_its_log(missing) == ""
 
 
 def test_a_target_that_cannot_be_rebuilt_in_the_rank_is_that_ranks_reported_error() -> None:
@@ -257,11 +256,16 @@ class _Proc:
         return self._code if time.monotonic() >= self._at else None
 
 
-def test_a_lost_connection_waits_for_the_peer_that_broke_it(tmp_path: Path) -> None:
+def test_a_lost_connection_waits_for_the_peer_that_broke_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rank 0 reports a lost connection at once; rank 1's death (SIGKILL) is known only 3 s later,
     as from a fork server starved on a loaded host: the error names rank 1, not its symptom."""
     import queue
 
+    for r in (0, 1):
+        (tmp_path / f"rank{r}.log").write_text("")  # opened: the fork server's lines are not theirs
+    monkeypatch.setattr(launch, "fork_server_log", lambda: tmp_path / "forkserver.log")
     q: queue.Queue[tuple[object, ...]] = queue.Queue()
     now = time.monotonic()
     q.put(("error", 0, now, 2, 2, "RuntimeError: Connection closed by peer [127.0.0.1]:1", None))
