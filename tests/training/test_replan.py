@@ -296,8 +296,9 @@ def test_replan_on_a_split_backward_schedule(tmp_path: Path) -> None:
 def test_a_replan_still_solving_at_the_end_is_waited_for_and_reported(
     tmp_path: Path, small_profile: Path
 ) -> None:
-    """The solver process waits 3 s before solving (test-only fault); the re-plan triggered after
-    step 3 of 6 is still solving when the last step ends. The run waits for it and reports it at
+    """The solver process waits 10 s before solving (test-only fault; two tiny steps take well under
+    a second, tens of times that on a loaded host); the re-plan triggered after step 3 of 6 is
+    still solving when the last step ends. The run waits for it and reports it at
     step 6: its event and file are written, no step ran it."""
     job = small_job()
     sched = write_schedule(tmp_path / "s.yaml", job, {0: {"blocks.0": "0-2"}})
@@ -307,7 +308,7 @@ def test_a_replan_still_solving_at_the_end_is_waited_for_and_reported(
             schedule=sched,
             steps=6,
             out_dir=tmp_path / "run",
-            fault="slow_replan:ms=3000",
+            fault="slow_replan:ms=10000",
             progress=False,
             replan=ReplanOptions(profile=small_profile, every=4),
         ),
