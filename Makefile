@@ -6,6 +6,7 @@
 #                solve → torchtitan's trainer with the schedule, pipeline 2 × FSDP2 2 on 4 ranks (out/torchtitan/)
 #   make pretrained  the built-in GPT trained 1500 steps on code, which `tiny-gpt-docs` fine-tunes (once, ~7 min)
 #   make bench   the benchmark scripts' own tests, then time to quality (fine-tuning and from scratch) → benchmarks/TTQ.md;
+#                what freezing costs profiled along a no-freeze run → benchmarks/cost_over_training.md;
 #                torchtitan's trainer with a schedule, measured against the prediction → benchmarks/torchtitan.md;
 #                solver benchmarks → benchmarks/solver-latest.md; policies compared → benchmarks/RESULTS.md;
 #                online re-planning after a stage slows down → benchmarks/replan.md; re-plans at
@@ -102,6 +103,7 @@ hf-example: $(SMOL_STAMP)
 bench: $(SMOL_STAMP) $(TITAN_STAMP) pretrained
 	$(BIN)/python -m pytest -q -m bench
 	$(BIN)/python benchmarks/bench_ttq.py --out benchmarks/TTQ.md --repeats 3
+	$(BIN)/python benchmarks/bench_cost_over_training.py --out benchmarks/cost_over_training.md
 	$(BIN)/python benchmarks/bench_torchtitan.py --out benchmarks/torchtitan.md --repeats 3 --fsdp
 	$(BIN)/python benchmarks/bench_solver.py --out benchmarks/solver-latest.md
 	$(BIN)/python benchmarks/bench_compare.py --out benchmarks/RESULTS.md --steps 120 --repeats 3 --sweep 0.2
