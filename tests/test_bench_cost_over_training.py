@@ -4,32 +4,22 @@ one profile, and the report rebuilt byte for byte (the training and profiling it
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from benchmarks import bench_cost_over_training as mod
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "benchmarks" / "cost-over-training"
 
 
-def _bench() -> ModuleType:
-    path = ROOT / "benchmarks" / "bench_cost_over_training.py"
-    spec = importlib.util.spec_from_file_location("bench_cost_over_training", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_one_profiles_figures() -> None:
     from freezeopt.formats.profile import load_profile
 
-    mod = _bench()
     r = mod.point(load_profile(FOLDER / "profile-150.json"), 150)
     assert r["step"] == 150 and r["batch"] == 16
     assert len(r["noise_scale"]) == 8 and all(b > 0 for b in r["noise_scale"].values())
