@@ -34,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_ttq import frozen_share  # noqa: E402
 from freezeopt.compare.policies import policy_schedule  # noqa: E402
 from freezeopt.fileio import atomic_write_text  # noqa: E402
 from freezeopt.formats.profile import Profile, load_profile  # noqa: E402
@@ -107,15 +108,14 @@ def point(p: Profile, step: int) -> dict[str, Any]:
     """One profile's figures (module docstring)."""
     dag = build_dag(p)
     plan = schedule_plan(load_schedule(PLAN), dag)
-    lost: dict[str, float] = {}
-    for est in ("measured", "gns"):
-        model = FreezeProblem(dag, estimate_signal(p, est), SolveOptions(sensitivity=est))
-        lost[est] = round(model.signal_of(plan), 4)
-    gns = [g for st in estimate_signal(p, "gns") for g in st]
+    signal = {est: estimate_signal(p, est) for est in ("measured", "gns")}
+    lost = {
+        est: round(FreezeProblem(dag, sig, SolveOptions(sensitivity=est)).signal_of(plan), 4)
+        for est, sig in signal.items()
+    }
+    gns = [g for st in signal["gns"] for g in st]
     noise = {f"{g.stage}/{g.group}": round(g.noise_scale or 0.0, 2) for g in gns}
     sched, res = policy_schedule(p, "freezeopt-ttq", budget=0.1, sensitivity="measured")
-    own = schedule_plan(sched, dag)
-    slots = sum(len(dag.group_names[a.stage]) for a in dag.order if a.has_weight_grad)
     return {
         "step": step,
         "batch": p.pipeline.microbatch_size * p.pipeline.n_microbatches,
@@ -124,7 +124,7 @@ def point(p: Profile, step: int) -> dict[str, Any]:
         "noise_scale_median": round(statistics.median(noise.values()), 2),
         "plan_lost_measured": lost["measured"],
         "plan_lost_gns": lost["gns"],
-        "resolved_frozen_share": round(sum(own.values()) / slots, 4),
+        "resolved_frozen_share": round(frozen_share(schedule_plan(sched, dag), dag), 4),
         "resolved_ttq": None if res.time_to_quality is None else round(res.time_to_quality, 4),
     }
 

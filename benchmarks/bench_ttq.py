@@ -43,7 +43,7 @@ import math
 import shlex
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +224,12 @@ def _kept_by_quarter(run: Run, own: Run, n: int) -> list[float | None]:
     return out
 
 
+def frozen_share(plan: Mapping[Any, float], dag: Any) -> float:
+    """The share of the DAG's (group, weight-gradient action) slots that `plan` freezes."""
+    slots = sum(len(dag.group_names[a.stage]) for a in dag.order if a.has_weight_grad)
+    return sum(plan.values()) / slots if slots else 0.0
+
+
 def _progressive_share(run: Run, dag: Any, warmup: int) -> float:
     """Mean over the run's steps after warm-up of the share of groups its progression had
     frozen whole (as static plans' share counts the steps after warm-up)."""
@@ -286,7 +292,6 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
             kept.append(_kept_by_quarter(r, own, int(rep.options.get("steps") or 0)))
         sched = load_schedule(folder / "schedules" / f"{res.policy}-b{budget:g}.yaml")
         plan = schedule_plan(sched, dag)
-        slots = sum(len(dag.group_names[a.stage]) for a in dag.order if a.has_weight_grad)
         policies[res.policy] = {
             "ttq_ratio": _stats(ttq),
             "repeats": len(runs),
@@ -310,7 +315,7 @@ def regime(rep: CompareReport, kind: str) -> dict[str, Any]:
             "frozen_share": round(
                 statistics.median(_progressive_share(r, dag, warmup) for r in runs)
                 if sched.progression is not None
-                else (sum(plan.values()) / slots if slots else 0.0),
+                else frozen_share(plan, dag),
                 4,
             ),
             "status": sched.provenance.status,
